@@ -1,0 +1,98 @@
+"""The store's layout (DESIGN.md §3): where job records, node records and logs live.
+
+::
+
+    projects/<project>/jobs/<job_id>/job.json
+    projects/<project>/jobs/<job_id>/nodes/rank-<N>.json
+    projects/<project>/jobs/<job_id>/logs/rank-<N>.log
+    jobs/<job_id>.json                                   {"project": ...}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bt_agent.errors import RecordNotFoundError, StoreError
+from bt_agent.records import JobRecord, JobStatus, NodeRecord, aggregate_status
+from bt_agent.storage import ObjectStore
+
+
+def job_prefix(project: str, job_id: str) -> str:
+    return f"projects/{project}/jobs/{job_id}"
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job with every node's record, as ``jobs view`` shows it."""
+
+    job: JobRecord
+    nodes: list[NodeRecord]
+
+    @property
+    def status(self) -> JobStatus:
+        return aggregate_status(self.job, self.nodes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.job.to_dict(), "status": self.status.value,
+                "nodes": [node.to_dict() for node in self.nodes]}
+
+
+class Catalog:
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+
+    def _read_json(self, key: str) -> Any:
+        raw = self.store.read_bytes(key)
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise StoreError(f"{self.store.url}/{key} is not valid JSON: {exc.msg}") from exc
+
+    def _write_json(self, key: str, data: Any, *, if_absent: bool = False) -> bool:
+        payload = json.dumps(data, indent=2, sort_keys=True).encode() + b"\n"
+        return self.store.write_bytes(key, payload, if_absent=if_absent)
+
+    def create_job(self, record: JobRecord) -> JobRecord:
+        """Write ``job.json`` and the id lookup unless another node already did; return the
+        record that is in the store."""
+        key = f"{job_prefix(record.project, record.job_id)}/job.json"
+        if not self._write_json(key, record.to_dict(), if_absent=True):
+            record = JobRecord.from_dict(self._read_json(key))
+        self._write_json(f"jobs/{record.job_id}.json", {"project": record.project}, if_absent=True)
+        return record
+
+    def write_node(self, node: NodeRecord) -> None:
+        prefix = job_prefix(node.project, node.job_id)
+        self._write_json(f"{prefix}/nodes/rank-{node.node_rank}.json", node.to_dict())
+
+    def upload_log(self, project: str, job_id: str, rank: int, path: Path) -> None:
+        self.store.upload_file(path, f"{job_prefix(project, job_id)}/logs/rank-{rank}.log")
+
+    def read_log(self, project: str, job_id: str, rank: int) -> bytes:
+        return self.store.read_bytes(f"{job_prefix(project, job_id)}/logs/rank-{rank}.log")
+
+    def project_of(self, job_id: str) -> str:
+        try:
+            return str(self._read_json(f"jobs/{job_id}.json")["project"])
+        except RecordNotFoundError:
+            raise RecordNotFoundError(f"no job {job_id!r} in {self.store.url}; "
+                                      "see `bt-agent jobs list`") from None
+
+    def view(self, job_id: str) -> JobView:
+        project = self.project_of(job_id)
+        prefix = job_prefix(project, job_id)
+        record = JobRecord.from_dict(self._read_json(f"{prefix}/job.json"))
+        nodes = [NodeRecord.from_dict(self._read_json(info.key))
+                 for info in self.store.list(f"{prefix}/nodes/") if info.key.endswith(".json")]
+        return JobView(record, sorted(nodes, key=lambda n: n.node_rank))
+
+    def jobs(self, project: str | None = None) -> list[JobView]:
+        """Every job in the store (or one project), newest first."""
+        ids = [info.key.removeprefix("jobs/").removesuffix(".json")
+               for info in self.store.list("jobs/") if info.key.count("/") == 1]
+        views = [self.view(job_id) for job_id in ids]
+        chosen = [v for v in views if project is None or v.job.project == project]
+        return sorted(chosen, key=lambda v: v.job.created_at, reverse=True)

@@ -1,0 +1,130 @@
+"""What each subcommand does, once its arguments are parsed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import fields
+from typing import Any, TextIO
+
+from bt_agent.catalog import Catalog, JobView
+from bt_agent.cli.output import render
+from bt_agent.context import ContextInputs, resolve
+from bt_agent.env import build
+from bt_agent.errors import Problem, SpecError, UsageError
+from bt_agent.secrets import Secrets
+from bt_agent.secrets import resolve as resolve_secrets
+from bt_agent.settings import CONFIG_PYTHON_VARIABLE, SPEC_VARIABLE, Environ
+from bt_agent.spec.loader import load
+from bt_agent.storage import open_store
+from bt_agent.supervisor.job import JobPlan, JobRunner
+
+
+def _plan(args: argparse.Namespace, environ: Environ, check_secrets: bool = True) -> JobPlan:
+    """Load and check everything a job needs; raise before anything is created."""
+    source = args.spec or environ.get(SPEC_VARIABLE)
+    if not source:
+        raise UsageError(f"no spec given: pass a path (or -) or set ${SPEC_VARIABLE}")
+    spec = load(source, sys.stdin, environ.get(CONFIG_PYTHON_VARIABLE))
+    inputs = ContextInputs(**{f.name: getattr(args, f.name) for f in fields(ContextInputs)})
+    job = spec.job
+    context = resolve(inputs, environ, job.compute.node_count, job.compute.gpu_count,
+                      spec.project_name)
+    secrets, problems = (resolve_secrets(job, context.secrets_dir) if check_secrets
+                         else (Secrets(), []))
+    if problems:
+        raise SpecError(problems, spec.origin)
+    env = build(job, context, secrets, environ.values)
+    return JobPlan(spec, context, env, secrets)
+
+
+def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    plan = _plan(args, Environ.current())
+    catalog = Catalog(open_store(plan.context.store_url))
+    return JobRunner(plan, catalog, out, err).run()
+
+
+def validate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        plan = _plan(args, Environ.current(), check_secrets=not args.skip_secrets)
+    except SpecError as exc:
+        if args.output != "json":
+            raise
+        _json({"valid": False, "origin": exc.source,
+               "problems": [p.as_dict() for p in exc.problems]}, out)
+        return exc.exit_code
+    job = plan.spec.job
+    summary = {"valid": True, "origin": plan.spec.origin, "project": plan.context.project,
+               "start_commands": len(job.runtime.start_commands), "weights": len(job.weights),
+               "checkpoints_to_load": len(job.runtime.checkpoints_to_load),
+               "nodes": job.compute.node_count}
+    if args.output == "json":
+        _json(summary, out)
+    else:
+        out.write(f"{plan.spec.origin}: valid ({summary['start_commands']} start_commands, "
+                  f"{summary['weights']} weights, {summary['nodes']} node(s), project "
+                  f"{plan.context.project})\n")
+    return 0
+
+
+def env(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    plan = _plan(args, Environ.current())
+    out.write("\n".join(plan.env.export_lines()) + "\n")
+    return 0
+
+
+def jobs(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    environ = Environ.current()
+    store_url = args.store or environ.context_value("store") or environ.default_store_url
+    if "://" not in store_url:
+        from pathlib import Path
+
+        store_url = Path(store_url).absolute().as_uri()
+    catalog = Catalog(open_store(store_url))
+    if args.jobs_command == "list":
+        views = catalog.jobs(args.project)
+        rows = [_job_row(v) for v in views]
+        columns = ("job_id", "project", "name", "status", "nodes", "created_at")
+        out.write(render(rows, columns, args.output) + "\n")
+        return 0
+    if args.jobs_command == "view":
+        return _view(catalog.view(args.job_id), args.output, out)
+    project = catalog.project_of(args.job_id)
+    data = catalog.read_log(project, args.job_id, args.node)
+    out.write(data.decode("utf-8", errors="replace"))
+    return 0
+
+
+def _job_row(view: JobView) -> dict[str, Any]:
+    job = view.job
+    return {"job_id": job.job_id, "project": job.project, "name": job.name,
+            "status": view.status.short, "nodes": f"{len(view.nodes)}/{job.node_count}",
+            "created_at": job.created_at}
+
+
+def _view(view: JobView, fmt: str, out: TextIO) -> int:
+    if fmt == "json":
+        _json(view.to_dict(), out)
+        return 0
+    rows = [{"node": n.node_rank, "status": n.status.short, "exit_code": n.exit_code,
+             "host": n.hostname, "started_at": n.history[0].at if n.history else None,
+             "ended_at": n.history[-1].at if n.status.terminal else None, "reason": n.error}
+            for n in view.nodes]
+    columns = ("node", "status", "exit_code", "host", "started_at", "ended_at", "reason")
+    if fmt == "csv":
+        out.write(render(rows, columns, fmt) + "\n")
+        return 0
+    job = view.job
+    out.write(f"job {job.job_id}  project {job.project}  name {job.name or '-'}  "
+              f"status {view.status.short}  created {job.created_at}\n\n")
+    out.write(render(rows, columns, "table") + "\n")
+    return 0
+
+
+def _json(data: Any, out: TextIO) -> None:
+    out.write(json.dumps(data, indent=2) + "\n")
+
+
+def _problem_list(problems: list[Problem]) -> list[dict[str, str]]:
+    return [p.as_dict() for p in problems]

@@ -1,0 +1,138 @@
+"""``bt-agent``: run, validate and inspect training jobs.
+
+Importing this module is cheap: no storage SDK, no torch, no pydantic (start-up time is a
+feature of a PID 1). Every error becomes one message and the exit code its type declares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from bt_agent import __version__
+from bt_agent.errors import BtAgentError, SpecError, UsageError
+
+EPILOG = """\
+spec: a job JSON file ({"training_job": {...}} or a bare TrainingJob), a config.py that
+defines one TrainingProject (needs the truss package), or - for stdin; default $BT_JOB_SPEC.
+
+exit codes of `run`: 0 success; the failing start_command's own code; 128+N killed by or
+stopped with signal N; 2 invalid spec or arguments; 3 staging failed; 4 checkpoints not durable.
+
+examples:
+  bt-agent validate config.py
+  bt-agent env job.json --node-root /tmp/node
+  bt-agent run examples/quickstart/job.json --node-root ./.bt-node
+  bt-agent jobs view JOB_ID -o json
+"""
+
+CONTEXT_HELP = {
+    "job_id": ("BT_TRAINING_JOB_ID", "job id (default: a new 7-character id)"),
+    "project": ("BT_TRAINING_PROJECT_NAME", "project name (default: the config's, else 'default')"),
+    "node_rank": ("BT_NODE_RANK", "this node's rank, 0 = leader (default 0)"),
+    "group_size": ("BT_GROUP_SIZE", "number of nodes (default: compute.node_count)"),
+    "leader_addr": ("BT_LEADER_ADDR", "address of node 0 (default 127.0.0.1 on one node)"),
+    "num_gpus": ("BT_NUM_GPUS", "GPUs on this node (default: detected)"),
+    "store": ("BT_STORE_URL", "store URL (default file://~/.local/share/bt-agent/store)"),
+    "node_root": ("BT_NODE_ROOT", "map every container path P to NODE_ROOT/P (local runs)"),
+    "secrets_dir": ("BT_SECRETS_DIR", "directory with one file per secret (default /secrets)"),
+    "grace_period": ("BT_GRACE_PERIOD_SECONDS", "seconds between SIGTERM and SIGKILL (default 30)"),
+}
+
+
+def _add_spec(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", nargs="?", help="job JSON, config.py or - (default $BT_JOB_SPEC)")
+    group = parser.add_argument_group("node context (flag, else environment variable)")
+    for name, (variable, text) in CONTEXT_HELP.items():
+        group.add_argument("--" + name.replace("_", "-"), dest=name, metavar=variable,
+                           help=f"{text} [${variable}]")
+
+
+def _add_store(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", metavar="URL", help="store URL [$BT_STORE_URL]")
+
+
+def _add_format(parser: argparse.ArgumentParser, default: str = "table") -> None:
+    from bt_agent.cli.output import FORMATS
+
+    parser.add_argument("-o", "--output", choices=FORMATS, default=default,
+                        help=f"output format (default {default})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bt-agent", description="The in-container runtime for ML training jobs.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"bt-agent {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run = commands.add_parser("run", help="run a job to a terminal state (the container's PID 1)",
+                              description="Validate, create records, prepare the job's "
+                              "directories, run start_commands in order, record the outcome.")
+    _add_spec(run)
+
+    validate = commands.add_parser("validate", help="check a spec; print every problem at once",
+                                   description="Check a spec exactly as the SDK does, plus what "
+                                   "the SDK misses. Exit 0 if valid, 2 with every problem if not.")
+    _add_spec(validate)
+    validate.add_argument("--skip-secrets", action="store_true",
+                          help="do not check that referenced secrets exist")
+    validate.add_argument("-o", "--output", choices=("text", "json"), default="text")
+
+    env = commands.add_parser("env", help="print the start_commands' environment as export lines",
+                              description="Print the variables the agent sets for start_commands "
+                              "(BT_*, PET_*, HF_HOME, the user's) as `export K=V`; secrets masked.")
+    _add_spec(env)
+
+    jobs = commands.add_parser("jobs", help="read job records from the store")
+    jobs_commands = jobs.add_subparsers(dest="jobs_command", metavar="SUBCOMMAND", required=True)
+    listing = jobs_commands.add_parser("list", help="jobs, newest first")
+    _add_store(listing)
+    listing.add_argument("--project", help="only this project's jobs")
+    _add_format(listing)
+    view = jobs_commands.add_parser("view", help="one job with every node's record")
+    view.add_argument("job_id")
+    _add_store(view)
+    _add_format(view)
+    logs = jobs_commands.add_parser("logs", help="a node's saved output")
+    logs.add_argument("job_id")
+    logs.add_argument("--node", type=int, default=0, help="node rank (default 0)")
+    _add_store(logs)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the console script: runs a command and exits with its code."""
+    args = build_parser().parse_args(argv)
+    try:
+        code = dispatch(args, sys.stdout, sys.stderr)
+    except SpecError as exc:
+        print(f"bt-agent: {exc}", file=sys.stderr)
+        code = exc.exit_code
+    except BtAgentError as exc:
+        print(f"bt-agent: error: {exc}", file=sys.stderr)
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
+
+
+def dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from bt_agent.cli import commands
+
+    handlers: dict[str, Any] = {
+        "run": commands.run, "validate": commands.validate, "env": commands.env,
+        "jobs": commands.jobs,
+    }
+    result: int = handlers[args.command](args, out, err)
+    return result
+
+
+def print_json(data: Any, out: TextIO) -> None:
+    out.write(json.dumps(data, indent=2) + "\n")
+
+
+__all__ = ["UsageError", "build_parser", "dispatch", "main"]

@@ -1,0 +1,205 @@
+"""The node context: what the platform knows about this node, and where container paths live.
+
+Inputs come from flags, else their ``BT_*`` environment variables, else defaults (DESIGN.md §1).
+With a node root ``R`` every absolute container path ``P`` becomes ``R/P`` (DESIGN.md §2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import re
+import secrets as random
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+from bt_agent import gpus
+from bt_agent.errors import Problem, UsageError
+from bt_agent.settings import CONTEXT_VARIABLES, RETRY_COUNT_VARIABLE, Environ
+
+DEFAULT_GRACE_SECONDS = 30.0
+DEFAULT_SECRETS_DIR = "/secrets"
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_ID_ALPHABET = string.ascii_lowercase + string.digits
+
+
+def new_job_id() -> str:
+    """A fresh 7-character id, as the platform's (``gvpql31``)."""
+    return "".join(random.choice(_ID_ALPHABET) for _ in range(7))
+
+
+def project_id(project: str) -> str:
+    """A stable 7-character id for a project name."""
+    digest = int.from_bytes(hashlib.sha256(project.encode()).digest()[:8], "big")
+    chars = []
+    for _ in range(7):
+        digest, index = divmod(digest, len(_ID_ALPHABET))
+        chars.append(_ID_ALPHABET[index])
+    return "".join(chars)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Maps container paths to host paths: identity in a real container, under ``node_root`` else."""
+
+    node_root: Path | None = None
+
+    def host(self, container_path: str) -> Path:
+        normal = posixpath.normpath("/" + container_path.lstrip("/"))
+        if self.node_root is None:
+            return Path(normal)
+        return self.node_root / normal.lstrip("/")
+
+
+@dataclass(frozen=True)
+class ContextInputs:
+    """Raw node-context values as given on the command line (``None`` = not given)."""
+
+    job_id: str | None = None
+    project: str | None = None
+    node_rank: str | None = None
+    group_size: str | None = None
+    leader_addr: str | None = None
+    num_gpus: str | None = None
+    store: str | None = None
+    node_root: str | None = None
+    secrets_dir: str | None = None
+    grace_period: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    job_id: str
+    project: str
+    node_rank: int
+    group_size: int
+    leader_addr: str
+    num_gpus: int
+    store_url: str
+    layout: Layout
+    secrets_dir: Path
+    grace_period: float
+    retry_count: int = 0
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def project_id(self) -> str:
+        return project_id(self.project)
+
+
+class _Resolver:
+    """Collects every problem with the inputs before failing, like the spec validator."""
+
+    def __init__(self, inputs: ContextInputs, environ: Environ) -> None:
+        self.inputs = inputs
+        self.environ = environ
+        self.problems: list[Problem] = []
+
+    def raw(self, name: str) -> tuple[str | None, str]:
+        value = getattr(self.inputs, name)
+        if value is not None:
+            return value, "--" + name.replace("_", "-")
+        return self.environ.context_value(name), CONTEXT_VARIABLES[name]
+
+    def integer(self, name: str, default: int, minimum: int) -> int:
+        value, where = self.raw(name)
+        if value is None:
+            return default
+        try:
+            number = int(value)
+        except ValueError:
+            number = minimum - 1
+        if number < minimum:
+            self.problems.append(Problem(where, f"expected an integer >= {minimum}, got {value!r}",
+                                         f"set {where} to a whole number"))
+            return default
+        return number
+
+    def name(self, name: str, default: str) -> str:
+        value, where = self.raw(name)
+        if value is None:
+            return default
+        if not _SAFE_NAME.match(value):
+            self.problems.append(Problem(where, f"{value!r} cannot name a store directory",
+                                         "use letters, digits, '.', '_' and '-' (128 at most)"))
+        return value
+
+    def seconds(self, name: str, default: float) -> float:
+        value, where = self.raw(name)
+        if value is None:
+            return default
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        if not seconds > 0:
+            self.problems.append(Problem(where, f"expected a positive number of seconds, got "
+                                         f"{value!r}", f"set {where} to e.g. 30"))
+            return default
+        return seconds
+
+
+def resolve(inputs: ContextInputs, environ: Environ, node_count: int, gpu_request: int,
+            config_project: str | None) -> NodeContext:
+    """The node context for a job; raises :class:`UsageError` listing every bad input."""
+    r = _Resolver(inputs, environ)
+    group_size = r.integer("group_size", node_count, 1)
+    node_rank = r.integer("node_rank", 0, 0)
+    if node_rank >= group_size:
+        r.problems.append(Problem("--node-rank", f"node rank {node_rank} is outside a group of "
+                                  f"{group_size} node(s)", f"use a rank from 0 to {group_size - 1}"))
+    leader, where = r.raw("leader_addr")
+    if leader is None and group_size > 1:
+        r.problems.append(Problem("--leader-addr", f"a {group_size}-node job needs the leader's "
+                                  "address", "set --leader-addr or BT_LEADER_ADDR on every node"))
+    root_value, _ = r.raw("node_root")
+    layout = Layout(Path(root_value).absolute() if root_value else None)
+    secrets_value, _ = r.raw("secrets_dir")
+    store, store_where = r.raw("store")
+    store_url = _store_url(store, environ, r.problems, store_where)
+    given_gpus = r.integer("num_gpus", -1, 0)
+    num_gpus = given_gpus if given_gpus >= 0 else gpus.detect(environ)
+    context = NodeContext(
+        job_id=r.name("job_id", "") or new_job_id(),
+        project=r.name("project", config_project or "default"),
+        node_rank=node_rank,
+        group_size=group_size,
+        leader_addr=leader or "127.0.0.1",
+        num_gpus=num_gpus,
+        store_url=store_url,
+        layout=layout,
+        secrets_dir=Path(secrets_value) if secrets_value else layout.host(DEFAULT_SECRETS_DIR),
+        grace_period=r.seconds("grace_period", DEFAULT_GRACE_SECONDS),
+        retry_count=_retry_count(environ),
+        warnings=_warnings(group_size, node_count, num_gpus, gpu_request),
+    )
+    if r.problems:
+        raise UsageError("invalid node context:\n" + "\n".join(f"  - {p}" for p in r.problems))
+    return context
+
+
+def _store_url(value: str | None, environ: Environ, problems: list[Problem], where: str) -> str:
+    if value is None:
+        return environ.default_store_url
+    if "://" not in value:
+        return Path(value).absolute().as_uri()
+    if urlparse(value).scheme != "file":
+        problems.append(Problem(where, f"unsupported store URL {value!r}",
+                                "use file:///path (or a plain directory path)"))
+    return value
+
+
+def _retry_count(environ: Environ) -> int:
+    value = environ.get(RETRY_COUNT_VARIABLE) or "0"
+    return int(value) if value.isdigit() else 0
+
+
+def _warnings(group_size: int, node_count: int, num_gpus: int, requested: int) -> tuple[str, ...]:
+    found = []
+    if group_size != node_count:
+        found.append(f"group size {group_size} differs from compute.node_count {node_count}")
+    if requested and num_gpus != requested:
+        found.append(f"{num_gpus} GPU(s) visible but compute.accelerator asks for {requested}")
+    return tuple(found)

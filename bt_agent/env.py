@@ -1,0 +1,137 @@
+"""The child environment: what start_commands see (DESIGN.md §4, REFERENCE.md §2).
+
+Precedence, lowest first: the agent's own environment (less the agent's private inputs), the
+torchrun defaults (``PET_*``) and ``HF_HOME``, the user's ``environment_variables``, and last the
+platform's ``BT_*`` variables, which a user cannot override.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from bt_agent.context import NodeContext
+from bt_agent.secrets import MASK, Secrets
+from bt_agent.settings import CONFIG_PYTHON_VARIABLE, CONTEXT_VARIABLES, SPEC_VARIABLE
+from bt_agent.spec.checks import SCRATCH_DIR, WORKING_DIR
+from bt_agent.spec.models import SecretReference, TrainingJob
+
+MASTER_PORT = 29500
+#: Inputs of the agent itself that the platform would not show the user's commands.
+PRIVATE_INPUTS = frozenset({
+    SPEC_VARIABLE, CONFIG_PYTHON_VARIABLE, CONTEXT_VARIABLES["store"],
+    CONTEXT_VARIABLES["node_root"], CONTEXT_VARIABLES["secrets_dir"],
+    CONTEXT_VARIABLES["grace_period"],
+})
+
+
+@dataclass(frozen=True)
+class JobDirs:
+    """The host paths of every directory the agent manages for a job on this node."""
+
+    working: Path
+    scratch: Path
+    checkpoints: Path
+    loaded_checkpoints: Path
+    rw_cache: Path
+    project_cache: Path
+    team_cache: Path
+    hf_home: Path | None
+
+    @classmethod
+    def for_job(cls, job: TrainingJob, context: NodeContext) -> JobDirs:
+        host = context.layout.host
+        cache = job.runtime.cache
+        base = cache.mount_base_path
+        hf_home = None
+        if cache.enabled:
+            legacy = cache.enable_legacy_hf_mount
+            hf_home = host(f"{base}/huggingface" if legacy else f"{base}/user_artifacts/huggingface")
+        return cls(
+            working=host(WORKING_DIR),
+            scratch=host(SCRATCH_DIR),
+            checkpoints=host(job.runtime.checkpoint_dir),
+            loaded_checkpoints=host(job.runtime.load_dir),
+            rw_cache=host(base),
+            project_cache=host(f"{base}/user_artifacts"),
+            team_cache=host(f"{base}/team_artifacts"),
+            hf_home=hf_home,
+        )
+
+    def all(self) -> list[Path]:
+        paths = [self.working, self.scratch, self.checkpoints, self.loaded_checkpoints,
+                 self.rw_cache, self.project_cache, self.team_cache]
+        return paths + ([self.hf_home] if self.hf_home is not None else [])
+
+
+@dataclass(frozen=True)
+class ChildEnvironment:
+    """The full environment for start_commands, and which of its keys the agent set."""
+
+    values: dict[str, str]
+    exported: tuple[str, ...]  # keys the agent sets (not inherited), in a stable order
+    secret_keys: frozenset[str]
+
+    def export_lines(self) -> list[str]:
+        """``export K=V`` lines for the keys the agent sets, secret values masked."""
+        return [f"export {key}={shlex.quote(MASK if key in self.secret_keys else self.values[key])}"
+                for key in self.exported]
+
+
+def platform_variables(job: TrainingJob, context: NodeContext, dirs: JobDirs) -> dict[str, str]:
+    """The 16 ``BT_*`` variables of REFERENCE.md §2 (plus the older ``BT_CHECKPOINTING_DIR``)."""
+    return {
+        "BT_TRAINING_JOB_ID": context.job_id,
+        "BT_TRAINING_PROJECT_ID": context.project_id,
+        "BT_TRAINING_JOB_NAME": job.name or context.job_id,
+        "BT_TRAINING_PROJECT_NAME": context.project,
+        "BT_NUM_GPUS": str(context.num_gpus),
+        "BT_WORKING_DIR": str(dirs.working),
+        "BT_SCRATCH_DIR": str(dirs.scratch),
+        "BT_CHECKPOINT_DIR": str(dirs.checkpoints),
+        "BT_CHECKPOINTING_DIR": str(dirs.checkpoints),
+        "BT_LOAD_CHECKPOINT_DIR": str(dirs.loaded_checkpoints),
+        "BT_PROJECT_CACHE_DIR": str(dirs.project_cache),
+        "BT_TEAM_CACHE_DIR": str(dirs.team_cache),
+        "BT_RW_CACHE_DIR": str(dirs.rw_cache),
+        "BT_RETRY_COUNT": str(context.retry_count),
+        "BT_GROUP_SIZE": str(context.group_size),
+        "BT_LEADER_ADDR": context.leader_addr,
+        "BT_NODE_RANK": str(context.node_rank),
+    }
+
+
+def launcher_defaults(context: NodeContext, dirs: JobDirs) -> dict[str, str]:
+    """torchrun's ``PET_*`` inputs, so a bare ``torchrun train.py`` is right on every node."""
+    values = {
+        "PET_NNODES": str(context.group_size),
+        "PET_NODE_RANK": str(context.node_rank),
+        "PET_NPROC_PER_NODE": str(max(context.num_gpus, 1)),
+        "PET_MASTER_ADDR": context.leader_addr,
+        "PET_MASTER_PORT": str(MASTER_PORT),
+    }
+    if dirs.hf_home is not None:
+        values["HF_HOME"] = str(dirs.hf_home)
+    return values
+
+
+def build(job: TrainingJob, context: NodeContext, secrets: Secrets,
+          inherited: Mapping[str, str]) -> ChildEnvironment:
+    dirs = JobDirs.for_job(job, context)
+    user: dict[str, str] = {}
+    secret_keys = set()
+    for key, value in job.runtime.environment_variables.items():
+        if isinstance(value, SecretReference):
+            user[key] = secrets.values.get(value.name, "")
+            secret_keys.add(key)
+        else:
+            user[key] = value
+    layers = [launcher_defaults(context, dirs), user, platform_variables(job, context, dirs)]
+    exported: dict[str, str] = {}
+    for layer in layers:
+        exported.update(layer)
+    values = {k: v for k, v in inherited.items() if k not in PRIVATE_INPUTS}
+    values.update(exported)
+    return ChildEnvironment(values, tuple(exported), frozenset(secret_keys))

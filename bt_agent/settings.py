@@ -1,0 +1,53 @@
+"""The one place that reads the process environment.
+
+Everything else receives an :class:`Environ` (a plain mapping) so that tests pass their own and no
+module reads ``os.environ`` behind the caller's back.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Node-context inputs and the environment variable that provides each (DESIGN.md §1).
+CONTEXT_VARIABLES = {
+    "job_id": "BT_TRAINING_JOB_ID",
+    "project": "BT_TRAINING_PROJECT_NAME",
+    "node_rank": "BT_NODE_RANK",
+    "group_size": "BT_GROUP_SIZE",
+    "leader_addr": "BT_LEADER_ADDR",
+    "num_gpus": "BT_NUM_GPUS",
+    "store": "BT_STORE_URL",
+    "node_root": "BT_NODE_ROOT",
+    "secrets_dir": "BT_SECRETS_DIR",
+    "grace_period": "BT_GRACE_PERIOD_SECONDS",
+}
+SPEC_VARIABLE = "BT_JOB_SPEC"
+CONFIG_PYTHON_VARIABLE = "BT_CONFIG_PYTHON"
+RETRY_COUNT_VARIABLE = "BT_RETRY_COUNT"
+
+
+@dataclass(frozen=True)
+class Environ:
+    """A snapshot of the environment the agent was started with."""
+
+    values: Mapping[str, str]
+
+    @classmethod
+    def current(cls) -> Environ:
+        return cls(dict(os.environ))
+
+    def get(self, name: str) -> str | None:
+        value = self.values.get(name)
+        return value if value not in (None, "") else None
+
+    def context_value(self, field: str) -> str | None:
+        return self.get(CONTEXT_VARIABLES[field])
+
+    @property
+    def default_store_url(self) -> str:
+        home = Path(self.values.get("HOME") or Path.home())
+        data = Path(self.values.get("XDG_DATA_HOME") or home / ".local" / "share")
+        return (data / "bt-agent" / "store").as_uri()

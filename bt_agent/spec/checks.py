@@ -1,0 +1,147 @@
+"""Checks the SDK does not make: directories that collide, references bt-agent cannot load.
+
+Every directory the agent manages (checkpoint dir, load dir, scratch, working dir, the cache) and
+every ``mount_location`` must be absolute, distinct and not nested in one another, or one would
+silently shadow another: a ``download_folder`` inside the checkpoint dir would upload loaded
+checkpoints again as new ones; a mount inside the working dir would hide the user's code.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+
+from bt_agent.errors import Problem
+from bt_agent.spec.models import (
+    LoopsCheckpoint,
+    NamedCheckpoint,
+    TrainingJob,
+)
+
+SCRATCH_DIR = "/mnt/bt-scratch"
+WORKING_DIR = "/b10/workspace"
+RESERVED_ROOTS = ("/proc", "/sys", "/dev", "/etc", "/bin", "/sbin", "/usr", "/lib", "/lib64")
+
+
+@dataclass(frozen=True)
+class _Dir:
+    path: str  # normalised container path
+    field: str  # where it comes from, for messages
+    label: str
+
+
+def _normal(path: str) -> str:
+    return posixpath.normpath(path) if path.startswith("/") else path
+
+
+def _inside(child: str, parent: str) -> bool:
+    return child == parent or child.startswith(parent.rstrip("/") + "/")
+
+
+def managed_dirs(job: TrainingJob) -> list[_Dir]:
+    """The directories the agent creates and owns, as container paths."""
+    runtime = job.runtime
+    dirs = [
+        _Dir(_normal(runtime.checkpoint_dir), "runtime.checkpointing_config.checkpoint_path",
+             "the checkpoint dir"),
+        _Dir(_normal(runtime.load_dir), "runtime.load_checkpoint_config.download_folder",
+             "the loaded-checkpoint dir"),
+        _Dir(SCRATCH_DIR, "", "the scratch dir"),
+        _Dir(WORKING_DIR, "", "the working dir"),
+    ]
+    if runtime.cache.enabled:
+        dirs.append(_Dir(_normal(runtime.cache.mount_base_path),
+                         "runtime.cache_config.mount_base_path", "the training cache"))
+    return dirs
+
+
+def _absolute_dirs(dirs: list[_Dir]) -> list[Problem]:
+    return [
+        Problem(d.field, f"{d.label} must be an absolute path, got {d.path!r}",
+                f"write it as /{d.path.lstrip('./')}")
+        for d in dirs if d.field and not d.path.startswith("/")
+    ]
+
+
+def _bad_characters(job: TrainingJob) -> list[Problem]:
+    paths = [(d.field, d.path) for d in managed_dirs(job) if d.field]
+    paths += [(f"weights[{i}].mount_location", w.mount_location) for i, w in enumerate(job.weights)]
+    return [
+        Problem(field, "contains a NUL or newline character", "use a plain path")
+        for field, path in paths if any(c in path for c in "\0\n\r")
+    ]
+
+
+def _overlapping_managed_dirs(dirs: list[_Dir]) -> list[Problem]:
+    problems = []
+    for i, first in enumerate(dirs):
+        for second in dirs[i + 1:]:
+            if _inside(first.path, second.path) or _inside(second.path, first.path):
+                field = second.field or first.field
+                problems.append(Problem(
+                    field, f"{second.label} {second.path!r} overlaps {first.label} {first.path!r}",
+                    "choose separate directories, neither inside the other"))
+    return problems
+
+
+def _mount_problems(job: TrainingJob, dirs: list[_Dir]) -> list[Problem]:
+    problems: list[Problem] = []
+    seen: list[tuple[int, str]] = []
+    for i, weights in enumerate(job.weights):
+        field = f"weights[{i}].mount_location"
+        mount = _normal(weights.mount_location)
+        if not mount.startswith("/"):
+            continue  # already reported by the SDK rule
+        if mount == "/" or any(_inside(mount, root) for root in RESERVED_ROOTS):
+            problems.append(Problem(field, f"{mount!r} is a system directory",
+                                    "mount weights under a directory of their own, e.g. /app/models"))
+            continue
+        for d in dirs:
+            if _inside(mount, d.path) or _inside(d.path, mount):
+                problems.append(Problem(field, f"{mount!r} overlaps {d.label} {d.path!r}",
+                                        "mount weights outside the directories the agent manages"))
+        for j, other in seen:
+            relation = "is the same as" if mount == other else (
+                "is inside" if _inside(mount, other) else "contains" if _inside(other, mount) else "")
+            if relation:
+                problems.append(Problem(field, f"{mount!r} {relation} weights[{j}].mount_location "
+                                        f"{other!r}", "give each source its own directory"))
+        seen.append((i, mount))
+    return problems
+
+
+def _reference_problems(job: TrainingJob) -> list[Problem]:
+    problems: list[Problem] = []
+    config = job.runtime.load_checkpoint_config
+    if config is None:
+        return problems
+    named: dict[tuple[str, str], int] = {}
+    for i, ref in enumerate(config.checkpoints):
+        field = f"runtime.load_checkpoint_config.checkpoints[{i}]"
+        if isinstance(ref, LoopsCheckpoint):
+            problems.append(Problem(f"{field}.typ", "loops_checkpoint is not supported by bt-agent",
+                                    "use baseten_latest_checkpoint or baseten_named_checkpoint"))
+        if isinstance(ref, NamedCheckpoint):
+            name = ref.checkpoint_name
+            if not name or "/" in name or name in (".", "..") or "\0" in name:
+                problems.append(Problem(f"{field}.checkpoint_name", f"{name!r} is not a checkpoint "
+                                        "name", "give the top-level directory name, e.g. checkpoint-20"))
+            key = (ref.job_id, name)
+            if key in named:
+                problems.append(Problem(field, f"loads the same checkpoint as checkpoints[{named[key]}]",
+                                        "remove one of the two"))
+            named.setdefault(key, i)
+    return problems
+
+
+def semantic_problems(job: TrainingJob) -> list[Problem]:
+    """Everything wrong with a job that the SDK's own validation lets through."""
+    dirs = managed_dirs(job)
+    absolute = [d for d in dirs if d.path.startswith("/")]
+    return [
+        *_absolute_dirs(dirs),
+        *_bad_characters(job),
+        *_overlapping_managed_dirs(absolute),
+        *_mount_problems(job, absolute),
+        *_reference_problems(job),
+    ]

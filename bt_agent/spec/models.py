@@ -1,0 +1,473 @@
+"""The job spec as the platform's SDK (``truss_train``, truss 0.18.35) defines it.
+
+Field names, defaults and strictness follow the SDK exactly (REFERENCE.md §1): objects are strict
+with unknown keys forbidden, except where the SDK itself is lax (``WeightsSource`` and
+``WeightsAuth`` keep unknown keys; an accelerator's ``"count": "8"`` is taken as 8; an auth
+method is upper-cased). Checks the SDK does not make (overlapping directories, unsupported
+references) live in ``checks``; secrets are resolved in ``bt_agent.secrets``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from bt_agent.spec import schema as s
+
+CLOUD_SCHEMES = ("s3://", "gs://", "azure://", "r2://", "cw://")
+SUPPORTED_SCHEMES = (*CLOUD_SCHEMES, "hf://", "https://")
+DEFAULT_CHECKPOINT_DIR = "/mnt/ckpts"  # ours: the docs name /tmp/training_checkpoints too
+DEFAULT_LOAD_DIR = "/tmp/loaded_checkpoints"
+
+
+@dataclass(frozen=True)
+class SecretReference:
+    """``{"name": ...}``: the value of the workspace secret with that name."""
+
+    name: str
+
+
+class Accelerator(str, enum.Enum):
+    B10 = "B10"
+    T4 = "T4"
+    L4 = "L4"
+    A10G = "A10G"
+    V100 = "V100"
+    A100 = "A100"
+    A100_40GB = "A100_40GB"
+    H100 = "H100"
+    H200 = "H200"
+    H100_40GB = "H100_40GB"
+    B200 = "B200"
+    L40S = "L40S"
+    RTX_PRO_6000 = "RTX_PRO_6000"
+    B300 = "B300"
+    GB300 = "GB300"
+
+
+@dataclass(frozen=True)
+class AcceleratorSpec:
+    accelerator: Accelerator | None = None
+    count: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class AvailabilityModel(str, enum.Enum):
+    DEDICATED = "dedicated"
+    SPOT = "spot"
+
+
+@dataclass(frozen=True)
+class Compute:
+    node_count: int = 1
+    cpu_count: int = 1
+    memory: str = "2Gi"
+    accelerator: AcceleratorSpec | None = None
+    availability_model: AvailabilityModel = AvailabilityModel.DEDICATED
+
+    @property
+    def gpu_count(self) -> int:
+        accel = self.accelerator
+        return accel.count if accel is not None and accel.accelerator is not None else 0
+
+
+@dataclass(frozen=True)
+class LatestCheckpoint:
+    """``baseten_latest_checkpoint``. Neither field set: the current job's project (ours)."""
+
+    job_id: str | None = None
+    project_name: str | None = None
+    typ: str = "baseten_latest_checkpoint"
+
+
+@dataclass(frozen=True)
+class NamedCheckpoint:
+    checkpoint_name: str
+    job_id: str
+    typ: str = "baseten_named_checkpoint"
+
+
+@dataclass(frozen=True)
+class LoopsCheckpoint:
+    """Accepted by the SDK; bt-agent cannot load it and says so in ``checks``."""
+
+    run_id: str
+    checkpoint_name: str
+    target: str = "trainer"
+    typ: str = "loops_checkpoint"
+
+
+CheckpointReference = LatestCheckpoint | NamedCheckpoint | LoopsCheckpoint
+
+
+@dataclass(frozen=True)
+class LoadCheckpointConfig:
+    enabled: bool = False
+    checkpoints: list[CheckpointReference] = field(default_factory=lambda: [LatestCheckpoint()])
+    download_folder: str = DEFAULT_LOAD_DIR
+
+
+@dataclass(frozen=True)
+class CheckpointingConfig:
+    enabled: bool = False
+    checkpoint_path: str | None = None
+    volume_size_gib: int | None = None
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    enabled: bool = False
+    enable_legacy_hf_mount: bool = False
+    require_cache_affinity: bool = True
+    mount_base_path: str = "/root/.cache"
+
+
+@dataclass(frozen=True)
+class Runtime:
+    start_commands: list[str] = field(default_factory=list)
+    environment_variables: dict[str, str | SecretReference] = field(default_factory=dict)
+    enable_cache: bool | None = None
+    checkpointing_config: CheckpointingConfig = field(default_factory=CheckpointingConfig)
+    load_checkpoint_config: LoadCheckpointConfig | None = None
+    cache_config: CacheConfig | None = None
+    # Wire-only: the deploy step adds the uploaded code here. Kept, never interpreted.
+    artifacts: list[Any] | None = None
+
+    @property
+    def cache(self) -> CacheConfig:
+        """The effective cache settings, ``enable_cache`` migrated the way the SDK does."""
+        if self.cache_config is not None:
+            return self.cache_config
+        enabled = bool(self.enable_cache)
+        return CacheConfig(enabled=enabled, enable_legacy_hf_mount=enabled)
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return self.checkpointing_config.checkpoint_path or DEFAULT_CHECKPOINT_DIR
+
+    @property
+    def load_dir(self) -> str:
+        config = self.load_checkpoint_config
+        return config.download_folder if config is not None else DEFAULT_LOAD_DIR
+
+    @property
+    def checkpoints_to_load(self) -> list[CheckpointReference]:
+        config = self.load_checkpoint_config
+        return list(config.checkpoints) if config is not None and config.enabled else []
+
+
+class WeightsAuthMethod(str, enum.Enum):
+    CUSTOM_SECRET = "CUSTOM_SECRET"
+    AWS_OIDC = "AWS_OIDC"
+    GCP_OIDC = "GCP_OIDC"
+    AWS_ASSUME_ROLE = "AWS_ASSUME_ROLE"
+
+
+AUTH_FIELDS: dict[WeightsAuthMethod, tuple[str, ...]] = {
+    WeightsAuthMethod.CUSTOM_SECRET: ("auth_secret_name",),
+    WeightsAuthMethod.AWS_OIDC: ("aws_oidc_role_arn", "aws_oidc_region"),
+    WeightsAuthMethod.GCP_OIDC: ("gcp_oidc_service_account", "gcp_oidc_workload_id_provider"),
+    WeightsAuthMethod.AWS_ASSUME_ROLE: ("aws_assume_role_arn", "aws_assume_role_region"),
+}
+
+
+@dataclass(frozen=True)
+class WeightsAuth:
+    auth_method: WeightsAuthMethod
+    auth_secret_name: str | None = None
+    aws_oidc_role_arn: str | None = None
+    aws_oidc_region: str | None = None
+    gcp_oidc_service_account: str | None = None
+    gcp_oidc_workload_id_provider: str | None = None
+    aws_assume_role_arn: str | None = None
+    aws_assume_role_region: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WeightsSource:
+    source: str
+    mount_location: str
+    auth: WeightsAuth | None = None
+    auth_secret_name: str | None = None
+    allow_patterns: list[str] | None = None
+    ignore_patterns: list[str] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def scheme(self) -> str:
+        return self.source.split("://", 1)[0]
+
+    @property
+    def secret_name(self) -> str | None:
+        if self.auth_secret_name:
+            return self.auth_secret_name
+        return self.auth.auth_secret_name if self.auth is not None else None
+
+
+@dataclass(frozen=True)
+class Image:
+    base_image: str
+    # Registry credentials are the platform's business, not the agent's: kept as given.
+    docker_auth: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Workspace:
+    workspace_root: str | None = None
+    external_dirs: list[str] = field(default_factory=list)
+    exclude_dirs: list[str] = field(default_factory=list)
+
+
+class SessionTrigger(str, enum.Enum):
+    ON_STARTUP = "on_startup"
+    ON_FAILURE = "on_failure"
+    ON_DEMAND = "on_demand"
+
+
+class SessionProvider(str, enum.Enum):
+    VS_CODE = "vs_code"
+    CURSOR = "cursor"
+    SSH = "ssh"
+
+
+class SessionAuthProvider(str, enum.Enum):
+    GITHUB = "github"
+    MICROSOFT = "microsoft"
+
+
+@dataclass(frozen=True)
+class InteractiveSession:
+    trigger: SessionTrigger = SessionTrigger.ON_DEMAND
+    timeout_minutes: int = 8 * 60
+    session_provider: SessionProvider = SessionProvider.VS_CODE
+    auth_provider: SessionAuthProvider = SessionAuthProvider.MICROSOFT
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    """One training job: image, compute, runtime and BDN weights."""
+
+    image: Image
+    compute: Compute = field(default_factory=Compute)
+    runtime: Runtime = field(default_factory=Runtime)
+    interactive_session: InteractiveSession | None = None
+    name: str | None = None
+    priority: int | None = None
+    workspace: Workspace | None = None
+    weights: list[WeightsSource] = field(default_factory=list)
+    enable_baseten_workdir: bool = True
+
+
+# --- validation rules (mirroring the SDK's validators) ------------------------------------------
+
+Found = list[tuple[str, str, str]]
+
+
+def _accelerator_string(value: str) -> Any:
+    name, _, count = value.strip().partition(":")
+    if name not in Accelerator._value2member_map_:
+        known = ", ".join(a.value for a in Accelerator)
+        return ("unsupported accelerator type " + repr(name), f"use one of: {known}")
+    if count and (not count.isdigit() or int(count) <= 0):
+        return (f"invalid count {count!r} in {value!r}", "write a positive integer, as in 'H100:8'")
+    return AcceleratorSpec(Accelerator(name), int(count or 1))
+
+
+_ACCELERATOR_OBJECT = s.ObjectSchema(
+    AcceleratorSpec,
+    {"accelerator": s.Field(s.nullable(s.choice(Accelerator)), None),
+     "count": s.Field(s.integer(minimum=0, lax=True), 1)},
+    extra="allow",
+)
+
+
+def _accelerator(value: Any, path: str, problems: list[s.Problem]) -> Any:
+    if isinstance(value, str):
+        parsed = _accelerator_string(value)
+        if isinstance(parsed, tuple):
+            problems.append(s.Problem(path, *parsed))
+            return s.INVALID
+        return parsed
+    return _ACCELERATOR_OBJECT(value, path, problems)
+
+
+def _source_rule(value: str) -> tuple[str, str] | None:
+    schemes = ", ".join(sorted(SUPPORTED_SCHEMES))
+    if "://" not in value:
+        return (f"source {value!r} is missing a URI scheme", f"start it with one of: {schemes}")
+    scheme = value.split("://", 1)[0] + "://"
+    rest = value[len(scheme):]
+    if scheme not in SUPPORTED_SCHEMES:
+        return (f"unsupported source scheme {scheme!r}", f"use one of: {schemes}")
+    name = scheme[:-3].upper()
+    forms = {"https://": "https://hostname/path", "hf://": "hf://owner/repo[@revision]"}
+    if not rest or rest.startswith("/"):
+        form = forms.get(scheme, f"{scheme}bucket/path")
+        return (f"invalid {name} URI {value!r}", f"expected format: {form}")
+    if scheme in CLOUD_SCHEMES and "@" in rest:
+        return ("the @ revision syntax is only valid for HuggingFace sources (hf://)",
+                f"remove the @... suffix: {name} has no revisions")
+    return None
+
+
+def _absolute_rule(value: str) -> tuple[str, str] | None:
+    if value.startswith("/"):
+        return None
+    return (f"mount_location must be an absolute path (start with /), got: {value}",
+            f"write it as /{value}")
+
+
+def _one_secret_name(weights: WeightsSource) -> Found:
+    if weights.auth_secret_name and weights.auth is not None and weights.auth.auth_secret_name:
+        return [("auth_secret_name", "auth_secret_name is set both here and in auth",
+                 "keep only one of the two")]
+    return []
+
+
+def _auth_fields_match_method(auth: WeightsAuth) -> Found:
+    required = AUTH_FIELDS[auth.auth_method]
+    others = {f for fields in AUTH_FIELDS.values() for f in fields} - set(required)
+    method = auth.auth_method.value
+    found: Found = [
+        (name, f"must be provided when auth_method is {method}", "add it")
+        for name in required if getattr(auth, name) in (None, "")
+    ]
+    found += [
+        (name, f"cannot be specified when auth_method is {method}", "remove it")
+        for name in sorted(others) if getattr(auth, name) not in (None, "")
+    ]
+    return found
+
+
+def _one_cache_setting(raw: dict[str, Any]) -> Found:
+    if raw.get("enable_cache") is not None and raw.get("cache_config") is not None:
+        return [("enable_cache", "enable_cache and cache_config are both set",
+                 "remove enable_cache (deprecated) and use cache_config with enabled=true "
+                 "and enable_legacy_hf_mount=true")]
+    return []
+
+
+def _checkpoint_tag(value: Any) -> str | None:
+    if not isinstance(value, dict):
+        return None
+    typ = value.get("typ", "baseten_latest_checkpoint")
+    return typ if isinstance(typ, str) else None
+
+
+def _unknown_checkpoint(value: Any) -> tuple[str, str]:
+    kinds = ", ".join(CHECKPOINT_SCHEMAS)
+    if not isinstance(value, dict):
+        return (f"expected a checkpoint reference object, got {s.describe(value)}",
+                f'write {{"typ": ..., ...}} with typ one of: {kinds}')
+    return (f"unknown checkpoint reference typ {value.get('typ')!r}", f"use one of: {kinds}")
+
+
+def _env_tag(value: Any) -> str | None:
+    return "secret" if isinstance(value, dict) else "str" if isinstance(value, str) else None
+
+
+def _bad_env_value(value: Any) -> tuple[str, str]:
+    return (f"expected a string or a secret reference, got {s.describe(value)}",
+            'write a string in quotes, or {"name": "<secret name>"} for a secret')
+
+
+def _str_field(default: Any = s.INVALID, min_length: int = 0) -> s.Field:
+    if default is s.INVALID:
+        return s.Field(s.string(min_length))
+    return s.Field(s.nullable(s.string(min_length)), default)
+
+
+_STR_LIST = s.list_of(s.string())
+
+SECRET_REFERENCE = s.ObjectSchema(SecretReference, {"name": s.Field(s.string(1))})
+
+CHECKPOINT_SCHEMAS: dict[str, s.Validator] = {
+    "baseten_latest_checkpoint": s.ObjectSchema(LatestCheckpoint, {
+        "typ": s.Field(s.string(), "baseten_latest_checkpoint"),
+        "job_id": _str_field(None), "project_name": _str_field(None)}),
+    "baseten_named_checkpoint": s.ObjectSchema(NamedCheckpoint, {
+        "typ": s.Field(s.string(), "baseten_named_checkpoint"),
+        "checkpoint_name": _str_field(), "job_id": _str_field()}),
+    "loops_checkpoint": s.ObjectSchema(LoopsCheckpoint, {
+        "typ": s.Field(s.string(), "loops_checkpoint"),
+        "run_id": _str_field(), "checkpoint_name": _str_field(),
+        "target": s.Field(s.string(), "trainer")}),
+}
+
+WEIGHTS_AUTH = s.ObjectSchema(
+    WeightsAuth,
+    {"auth_method": s.Field(s.choice(WeightsAuthMethod, upper=True)),
+     **{name: _str_field(None) for name in (
+         "auth_secret_name", "aws_oidc_role_arn", "aws_oidc_region", "gcp_oidc_service_account",
+         "gcp_oidc_workload_id_provider", "aws_assume_role_arn", "aws_assume_role_region")}},
+    extra="allow",
+    checks=(_auth_fields_match_method,),
+)
+
+WEIGHTS_SOURCE = s.ObjectSchema(
+    WeightsSource,
+    {"source": s.Field(s.refined(s.string(1), _source_rule)),
+     "mount_location": s.Field(s.refined(s.string(1), _absolute_rule)),
+     "auth": s.Field(s.nullable(WEIGHTS_AUTH), None), "auth_secret_name": _str_field(None),
+     "allow_patterns": s.Field(s.nullable(_STR_LIST), None),
+     "ignore_patterns": s.Field(s.nullable(_STR_LIST), None)},
+    extra="allow",
+    checks=(_one_secret_name,),
+)
+
+RUNTIME = s.ObjectSchema(
+    Runtime,
+    {"start_commands": s.Field(_STR_LIST, default_factory=list),
+     "environment_variables": s.Field(s.dict_of(s.tagged(
+         _env_tag, {"str": s.string(), "secret": SECRET_REFERENCE}, _bad_env_value)),
+         default_factory=dict),
+     "enable_cache": s.Field(s.nullable(s.boolean()), None),
+     "checkpointing_config": s.Field(s.ObjectSchema(CheckpointingConfig, {
+         "enabled": s.Field(s.boolean(), False), "checkpoint_path": _str_field(None),
+         "volume_size_gib": s.Field(s.nullable(s.integer()), None)}),
+         default_factory=CheckpointingConfig),
+     "load_checkpoint_config": s.Field(s.nullable(s.ObjectSchema(LoadCheckpointConfig, {
+         "enabled": s.Field(s.boolean(), False),
+         "checkpoints": s.Field(s.list_of(s.tagged(
+             _checkpoint_tag, CHECKPOINT_SCHEMAS, _unknown_checkpoint)),
+             default_factory=lambda: [LatestCheckpoint()]),
+         "download_folder": s.Field(s.string(), DEFAULT_LOAD_DIR)})), None),
+     "cache_config": s.Field(s.nullable(s.ObjectSchema(CacheConfig, {
+         "enabled": s.Field(s.boolean(), False),
+         "enable_legacy_hf_mount": s.Field(s.boolean(), False),
+         "require_cache_affinity": s.Field(s.boolean(), True),
+         "mount_base_path": s.Field(s.string(), "/root/.cache")})), None),
+     "artifacts": s.Field(s.nullable(s.list_of(s.any_json())), None)},
+    before=_one_cache_setting,
+)
+
+TRAINING_JOB: s.ObjectSchema[TrainingJob] = s.ObjectSchema(
+    TrainingJob,
+    {"image": s.Field(s.ObjectSchema(Image, {
+        "base_image": _str_field(),
+        "docker_auth": s.Field(s.nullable(s.dict_of(s.any_json())), None)})),
+     "compute": s.Field(s.ObjectSchema(Compute, {
+         "node_count": s.Field(s.integer(minimum=1), 1),
+         "cpu_count": s.Field(s.integer(), 1),
+         "memory": s.Field(s.string(), "2Gi"),
+         "accelerator": s.Field(s.nullable(_accelerator), None),
+         "availability_model": s.Field(s.choice(AvailabilityModel), AvailabilityModel.DEDICATED)}),
+         default_factory=Compute),
+     "runtime": s.Field(RUNTIME, default_factory=Runtime),
+     "interactive_session": s.Field(s.nullable(s.ObjectSchema(InteractiveSession, {
+         "trigger": s.Field(s.choice(SessionTrigger), SessionTrigger.ON_DEMAND),
+         "timeout_minutes": s.Field(s.integer(), 8 * 60),
+         "session_provider": s.Field(s.choice(SessionProvider), SessionProvider.VS_CODE),
+         "auth_provider": s.Field(s.choice(SessionAuthProvider), SessionAuthProvider.MICROSOFT),
+     })), None),
+     "name": _str_field(None),
+     "priority": s.Field(s.nullable(s.integer()), None),
+     "workspace": s.Field(s.nullable(s.ObjectSchema(Workspace, {
+         "workspace_root": _str_field(None),
+         "external_dirs": s.Field(_STR_LIST, default_factory=list),
+         "exclude_dirs": s.Field(_STR_LIST, default_factory=list)})), None),
+     "weights": s.Field(s.list_of(WEIGHTS_SOURCE), default_factory=list),
+     "enable_baseten_workdir": s.Field(s.boolean(), True)},
+)

@@ -1,0 +1,1 @@
+"""Phases of a job on one node, the start_commands, signals and shutdown."""

@@ -1,0 +1,226 @@
+"""A job on one node, phase by phase: CREATED -> DEPLOYING -> RUNNING -> terminal.
+
+Every transition is written to the node record in the store as it happens, with the precise
+reason for the end. The exit code follows DESIGN.md §5.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TextIO
+
+from bt_agent.catalog import Catalog
+from bt_agent.context import NodeContext
+from bt_agent.env import ChildEnvironment, JobDirs
+from bt_agent.errors import BtAgentError, StagingError
+from bt_agent.log import AgentLog
+from bt_agent.records import CommandResult, JobRecord, JobStatus, NodeRecord, now_iso
+from bt_agent.secrets import Secrets
+from bt_agent.spec.loader import LoadedSpec
+from bt_agent.supervisor.output import OutputPump
+from bt_agent.supervisor.process import Child, describe_exit, exit_status, signal_name
+from bt_agent.supervisor.signals import SignalRelay
+
+#: Seconds kept from the grace period for the shutdown steps after the commands are gone.
+SHUTDOWN_RESERVE_SECONDS = 2.0
+OUTPUT_DRAIN_SECONDS = 2.0
+#: Never copied from the code directory into the working directory.
+CODE_IGNORE = (".git", "__pycache__", ".venv", "node_modules", ".mypy_cache", ".pytest_cache")
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """Everything decided before anything is created: a valid spec on a valid node."""
+
+    spec: LoadedSpec
+    context: NodeContext
+    env: ChildEnvironment
+    secrets: Secrets
+
+    @property
+    def dirs(self) -> JobDirs:
+        return JobDirs.for_job(self.spec.job, self.context)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: JobStatus
+    exit_code: int
+    reason: str | None = None
+
+
+class JobRunner:
+    def __init__(self, plan: JobPlan, catalog: Catalog, out: TextIO | None = None,
+                 err: TextIO | None = None) -> None:
+        self.plan = plan
+        self.catalog = catalog
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self.log = AgentLog(self.err, plan.secrets.redact)
+        ctx = plan.context
+        self.node = NodeRecord(ctx.job_id, ctx.project, ctx.node_rank, socket.gethostname())
+        self.relay = SignalRelay()
+        self._child: Child | None = None
+
+    # --- the phases ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run the job to a terminal state and return the agent's exit code."""
+        with tempfile.NamedTemporaryFile("w+", prefix="bt-agent-", suffix=".log") as log_file, \
+                self.relay:
+            self.log.copy = log_file
+            self.relay.target = self._forward
+            outcome = self._phases(log_file)
+            self._finish(outcome)
+            self._upload_log(Path(log_file.name))
+        return outcome.exit_code
+
+    def _phases(self, log_file: IO[str]) -> Outcome:
+        ctx, job = self.plan.context, self.plan.spec.job
+        self.catalog.create_job(JobRecord(ctx.job_id, ctx.project, job.name, now_iso(),
+                                          job.compute.node_count, {"training_job": self.plan.spec.wire}))
+        self._enter(JobStatus.CREATED)
+        self.log.info(f"job {ctx.job_id} (project {ctx.project}), node {ctx.node_rank} of "
+                      f"{ctx.group_size}, store {ctx.store_url}")
+        for warning in ctx.warnings:
+            self.log.warning(warning)
+        self._enter(JobStatus.DEPLOYING)
+        try:
+            self._deploy()
+        except StagingError as exc:
+            return Outcome(JobStatus.DEPLOY_FAILED, exc.exit_code, str(exc))
+        if self.relay.stopping:
+            return self._stopped_outcome()
+        self._enter(JobStatus.RUNNING)
+        return self._run_commands(log_file)
+
+    def _enter(self, status: JobStatus) -> None:
+        self.node.transition(status)
+        self.catalog.write_node(self.node)
+
+    def _finish(self, outcome: Outcome) -> None:
+        self.node.exit_code = outcome.exit_code
+        self.node.error = outcome.reason
+        self._clear_scratch()
+        self._enter(outcome.status)
+        summary = f"job {self.plan.context.job_id} {outcome.status.short} (exit {outcome.exit_code})"
+        self.log.info(summary + (f": {outcome.reason}" if outcome.reason else ""))
+
+    # --- DEPLOYING -------------------------------------------------------------------------
+
+    def _deploy(self) -> None:
+        dirs = self.plan.dirs
+        try:
+            for path in dirs.all():
+                path.mkdir(parents=True, exist_ok=True)
+            self._copy_code(dirs.working)
+        except OSError as exc:
+            raise StagingError(f"cannot prepare {exc.filename or 'the job directories'}: "
+                               f"{exc.strerror or exc}") from exc
+
+    def _copy_code(self, working: Path) -> None:
+        """Put the user's code in the working dir, as the platform extracts it there."""
+        code = self.plan.spec.code_dir
+        if code is None or not self.plan.spec.job.enable_baseten_workdir:
+            return
+        if code.resolve() == working.resolve():
+            return
+        skip = {p.resolve() for p in (working, self.plan.context.layout.node_root) if p}
+
+        def ignore(directory: str, names: list[str]) -> list[str]:
+            return [n for n in names if n in CODE_IGNORE or Path(directory, n).resolve() in skip]
+
+        shutil.copytree(code, working, ignore=ignore, dirs_exist_ok=True, symlinks=True)
+
+    # --- RUNNING ---------------------------------------------------------------------------
+
+    def _run_commands(self, log_file: IO[str]) -> Outcome:
+        commands = self.plan.spec.job.runtime.start_commands
+        if not commands:
+            self.log.warning("runtime.start_commands is empty: nothing to run")
+        for index, command in enumerate(commands):
+            started = now_iso()
+            self.log.info(f"start_commands[{index}]: {command}")
+            status = self._run_one(command, log_file)
+            self.node.commands.append(CommandResult(index, command, status, started, now_iso()))
+            if self.relay.stopping:
+                return self._stopped_outcome()
+            if status != 0:
+                what = f"start_commands[{index}] {command!r} {describe_exit(status)}"
+                return Outcome(JobStatus.FAILED, status, what)
+        return Outcome(JobStatus.COMPLETED, 0)
+
+    def _run_one(self, command: str, log_file: IO[str]) -> int:
+        pump = OutputPump(log_file, self.plan.secrets.redact)
+        try:
+            child = Child.spawn(command, self.plan.env.values, self.plan.dirs.working)
+        except OSError as exc:
+            self.log.error(f"cannot start /bin/sh: {exc.strerror}")
+            return 127 if isinstance(exc, FileNotFoundError) else 126
+        self._child = child
+        assert child.process.stdout is not None and child.process.stderr is not None
+        pump.attach(child.process.stdout, self.out)  # type: ignore[arg-type]
+        pump.attach(child.process.stderr, self.err)  # type: ignore[arg-type]
+        if self.relay.stopping:  # a stop arrived while it was starting
+            child.signal_group(self.relay.stop_signal or signal.SIGTERM)
+        code = self._wait(child)
+        child.signal_group(signal.SIGKILL)  # nothing of this command outlives it
+        pump.join(OUTPUT_DRAIN_SECONDS)
+        self._child = None
+        return exit_status(code)
+
+    def _wait(self, child: Child) -> int:
+        while True:
+            deadline = self._kill_deadline()
+            code = child.wait_until(min(deadline, time.monotonic() + 0.2))
+            if code is not None:
+                return code
+            if time.monotonic() >= deadline:
+                self.log.warning(f"start command still running {self.plan.context.grace_period:g} s "
+                                 "after the stop signal: sending SIGKILL")
+                child.signal_group(signal.SIGKILL)
+                return child.process.wait()
+
+    def _kill_deadline(self) -> float:
+        if self.relay.stop_time is None:
+            return float("inf")
+        budget = max(self.plan.context.grace_period - SHUTDOWN_RESERVE_SECONDS, 0.5)
+        return self.relay.stop_time + budget
+
+    def _forward(self, number: int) -> None:
+        child = self._child
+        if child is not None:
+            child.signal_group(number)
+
+    def _stopped_outcome(self) -> Outcome:
+        number = self.relay.stop_signal or signal.SIGTERM
+        elapsed = time.monotonic() - (self.relay.stop_time or time.monotonic())
+        return Outcome(JobStatus.STOPPED, 128 + number,
+                       f"stopped by {signal_name(number)} after {elapsed:.1f} s")
+
+    # --- shutdown --------------------------------------------------------------------------
+
+    def _clear_scratch(self) -> None:
+        scratch = self.plan.dirs.scratch
+        if not scratch.is_dir():
+            return
+        for entry in scratch.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+    def _upload_log(self, path: Path) -> None:
+        ctx = self.plan.context
+        try:
+            self.catalog.upload_log(ctx.project, ctx.job_id, ctx.node_rank, path)
+        except BtAgentError as exc:
+            self.log.error(f"could not save the node log: {exc}")

@@ -1,0 +1,73 @@
+"""One start_command as a child process in its own session, and what its end means."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+POLL_SECONDS = 0.05
+
+
+def exit_status(returncode: int) -> int:
+    """A shell-style status: the code itself, or ``128 + N`` for death by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def describe_exit(status: int) -> str:
+    """``exited with code 1``, ``was killed by SIGKILL``, ``was not found (exit 127)``."""
+    if status == 127:
+        return "was not found (exit 127)"
+    if status == 126:
+        return "could not be executed (exit 126)"
+    if status > 128 and status - 128 < signal.NSIG:
+        return f"was killed by {signal_name(status - 128)} (exit {status})"
+    return f"exited with code {status}"
+
+
+@dataclass
+class Child:
+    """A running start_command; its process group id equals its pid."""
+
+    process: subprocess.Popen[bytes]
+
+    @classmethod
+    def spawn(cls, command: str, env: dict[str, str], cwd: Path) -> Child:
+        process = subprocess.Popen(
+            ["/bin/sh", "-c", command], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        )
+        return cls(process)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def signal_group(self, number: int) -> None:
+        """Send a signal to the whole process group; a group already gone is not an error."""
+        try:
+            os.killpg(self.pid, number)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def wait_until(self, deadline: float) -> int | None:
+        """The return code, or None if the child is still running at ``deadline``."""
+        while time.monotonic() < deadline:
+            code = self.process.poll()
+            if code is not None:
+                return code
+            time.sleep(POLL_SECONDS)
+        return self.process.poll()
