@@ -6,13 +6,14 @@ import argparse
 import json
 import sys
 from dataclasses import fields
+from pathlib import Path
 from typing import Any, TextIO
 
 from bt_agent.catalog import Catalog, JobView
 from bt_agent.cli.output import render
-from bt_agent.context import ContextInputs, resolve
+from bt_agent.context import ContextInputs, NodeContext, resolve
 from bt_agent.env import build
-from bt_agent.errors import Problem, SpecError, UsageError
+from bt_agent.errors import SpecError, UsageError
 from bt_agent.secrets import Secrets
 from bt_agent.secrets import resolve as resolve_secrets
 from bt_agent.settings import CONFIG_PYTHON_VARIABLE, SPEC_VARIABLE, Environ
@@ -36,7 +37,19 @@ def _plan(args: argparse.Namespace, environ: Environ, check_secrets: bool = True
     if problems:
         raise SpecError(problems, spec.origin)
     env = build(job, context, secrets, environ.values)
-    return JobPlan(spec, context, env, secrets)
+    return JobPlan(spec, context, env, secrets, _code_dir(args, spec.code_dir, context))
+
+
+def _code_dir(args: argparse.Namespace, spec_dir: Path | None, context: NodeContext) -> Path | None:
+    """The user's code: ``--code-dir``, else the spec's directory on a local (node-root) run.
+    In a real container the platform has already put the code in the working dir."""
+    given = getattr(args, "code_dir", None)
+    if given:
+        path = Path(given)
+        if not path.is_dir():
+            raise UsageError(f"--code-dir {given}: not a directory")
+        return path
+    return spec_dir if context.layout.node_root is not None else None
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -78,8 +91,6 @@ def jobs(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     environ = Environ.current()
     store_url = args.store or environ.context_value("store") or environ.default_store_url
     if "://" not in store_url:
-        from pathlib import Path
-
         store_url = Path(store_url).absolute().as_uri()
     catalog = Catalog(open_store(store_url))
     if args.jobs_command == "list":
@@ -125,6 +136,3 @@ def _view(view: JobView, fmt: str, out: TextIO) -> int:
 def _json(data: Any, out: TextIO) -> None:
     out.write(json.dumps(data, indent=2) + "\n")
 
-
-def _problem_list(problems: list[Problem]) -> list[dict[str, str]]:
-    return [p.as_dict() for p in problems]

@@ -71,8 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="run a job to a terminal state (the container's PID 1)",
                               description="Validate, create records, prepare the job's "
-                              "directories, run start_commands in order, record the outcome.")
+                              "directories, run start_commands in order, record the outcome.",
+                              epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_spec(run)
+    run.add_argument("--code-dir", metavar="DIR",
+                     help="copy this directory into the working dir before the commands run "
+                     "(default with --node-root: the spec's directory; else nothing)")
 
     validate = commands.add_parser("validate", help="check a spec; print every problem at once",
                                    description="Check a spec exactly as the SDK does, plus what "

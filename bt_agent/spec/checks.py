@@ -134,11 +134,19 @@ def _reference_problems(job: TrainingJob) -> list[Problem]:
     return problems
 
 
+def _compute_problems(job: TrainingJob) -> list[Problem]:
+    if job.compute.node_count >= 1:
+        return []
+    return [Problem("compute.node_count", f"must be at least 1, got {job.compute.node_count}",
+                    "use 1 for a single-node job")]
+
+
 def semantic_problems(job: TrainingJob) -> list[Problem]:
     """Everything wrong with a job that the SDK's own validation lets through."""
     dirs = managed_dirs(job)
     absolute = [d for d in dirs if d.path.startswith("/")]
     return [
+        *_compute_problems(job),
         *_absolute_dirs(dirs),
         *_bad_characters(job),
         *_overlapping_managed_dirs(absolute),

@@ -118,4 +118,5 @@ def _config_problem(payload: dict[str, Any], path: Path, python: str) -> Problem
     if kind == "project_count":
         return Problem("", f"{path} defines {message} TrainingProject objects; exactly one is needed",
                        "define one TrainingProject(name=..., job=...) at module level")
-    return Problem("", f"{path} raised {message}", "fix the config; the SDK's message is above")
+    return Problem("", f"{path} raised {message}",
+                   f"fix the config (`{python} {path}` shows the whole traceback)")

@@ -206,10 +206,29 @@ class WeightsSource:
         return self.auth.auth_secret_name if self.auth is not None else None
 
 
+class DockerAuthType(str, enum.Enum):
+    GCP_SERVICE_ACCOUNT_JSON = "GCP_SERVICE_ACCOUNT_JSON"
+    AWS_IAM = "AWS_IAM"
+    AWS_OIDC = "AWS_OIDC"
+    GCP_OIDC = "GCP_OIDC"
+    REGISTRY_SECRET = "REGISTRY_SECRET"
+    AWS_ASSUME_ROLE = "AWS_ASSUME_ROLE"
+
+
+DOCKER_AUTH_FIELDS = {
+    DockerAuthType.AWS_IAM: "aws_iam_docker_auth",
+    DockerAuthType.AWS_OIDC: "aws_oidc_docker_auth",
+    DockerAuthType.AWS_ASSUME_ROLE: "aws_assume_role_docker_auth",
+    DockerAuthType.GCP_OIDC: "gcp_oidc_docker_auth",
+    DockerAuthType.GCP_SERVICE_ACCOUNT_JSON: "gcp_service_account_json_docker_auth",
+    DockerAuthType.REGISTRY_SECRET: "registry_secret_docker_auth",
+}
+
+
 @dataclass(frozen=True)
 class Image:
     base_image: str
-    # Registry credentials are the platform's business, not the agent's: kept as given.
+    # Registry credentials are the platform's business: validated as the SDK does, not used.
     docker_auth: dict[str, Any] | None = None
 
 
@@ -349,6 +368,17 @@ def _one_cache_setting(raw: dict[str, Any]) -> Found:
     return []
 
 
+def _docker_auth_fields_match_method(auth: dict[str, Any]) -> Found:
+    method = auth["auth_method"]
+    required = DOCKER_AUTH_FIELDS[method]
+    found: Found = []
+    if auth[required] is None:
+        found.append((required, f"must be provided when auth_method is {method.value}", "add it"))
+    found += [(name, f"cannot be specified when auth_method is {method.value}", "remove it")
+              for name in DOCKER_AUTH_FIELDS.values() if name != required and auth[name] is not None]
+    return found
+
+
 def _checkpoint_tag(value: Any) -> str | None:
     if not isinstance(value, dict):
         return None
@@ -381,7 +411,29 @@ def _str_field(default: Any = s.INVALID, min_length: int = 0) -> s.Field:
 
 _STR_LIST = s.list_of(s.string())
 
-SECRET_REFERENCE = s.ObjectSchema(SecretReference, {"name": s.Field(s.string(1))})
+SECRET_REFERENCE = s.ObjectSchema(SecretReference, {"name": s.Field(s.string())})
+
+
+def _plain(**fields: s.Validator) -> s.Validator:
+    """A strict object of required fields, kept as a dict."""
+    return s.nullable(s.ObjectSchema(dict, {k: s.Field(v) for k, v in fields.items()}))
+
+
+_ROLE = _plain(role_arn=s.string(1), region=s.string(1))
+DOCKER_AUTH = s.ObjectSchema(
+    dict,
+    {"auth_method": s.Field(s.choice(DockerAuthType)), "registry": _str_field(),
+     "aws_iam_docker_auth": s.Field(_plain(access_key_secret_ref=SECRET_REFERENCE,
+                                           secret_access_key_secret_ref=SECRET_REFERENCE), None),
+     "aws_oidc_docker_auth": s.Field(_ROLE, None),
+     "aws_assume_role_docker_auth": s.Field(_ROLE, None),
+     "gcp_oidc_docker_auth": s.Field(_plain(service_account=s.string(1),
+                                            workload_identity_provider=s.string(1)), None),
+     "gcp_service_account_json_docker_auth": s.Field(
+         _plain(service_account_json_secret_ref=SECRET_REFERENCE), None),
+     "registry_secret_docker_auth": s.Field(_plain(secret_ref=SECRET_REFERENCE), None)},
+    checks=(_docker_auth_fields_match_method,),
+)
 
 CHECKPOINT_SCHEMAS: dict[str, s.Validator] = {
     "baseten_latest_checkpoint": s.ObjectSchema(LatestCheckpoint, {
@@ -447,9 +499,9 @@ TRAINING_JOB: s.ObjectSchema[TrainingJob] = s.ObjectSchema(
     TrainingJob,
     {"image": s.Field(s.ObjectSchema(Image, {
         "base_image": _str_field(),
-        "docker_auth": s.Field(s.nullable(s.dict_of(s.any_json())), None)})),
+        "docker_auth": s.Field(s.nullable(DOCKER_AUTH), None)})),
      "compute": s.Field(s.ObjectSchema(Compute, {
-         "node_count": s.Field(s.integer(minimum=1), 1),
+         "node_count": s.Field(s.integer(), 1),
          "cpu_count": s.Field(s.integer(), 1),
          "memory": s.Field(s.string(), "2Gi"),
          "accelerator": s.Field(s.nullable(_accelerator), None),

@@ -33,6 +33,7 @@ from bt_agent.supervisor.signals import SignalRelay
 SHUTDOWN_RESERVE_SECONDS = 2.0
 OUTPUT_DRAIN_SECONDS = 2.0
 #: Never copied from the code directory into the working directory.
+MAX_CODE_FILES = 10_000
 CODE_IGNORE = (".git", "__pycache__", ".venv", "node_modules", ".mypy_cache", ".pytest_cache")
 
 
@@ -44,6 +45,7 @@ class JobPlan:
     context: NodeContext
     env: ChildEnvironment
     secrets: Secrets
+    code_dir: Path | None = None  # copied into the working dir, as the platform extracts code
 
     @property
     def dirs(self) -> JobDirs:
@@ -55,6 +57,16 @@ class Outcome:
     status: JobStatus
     exit_code: int
     reason: str | None = None
+
+
+def _check_code_size(code: Path) -> None:
+    count = 0
+    for _, dirnames, filenames in os.walk(code):
+        dirnames[:] = [d for d in dirnames if d not in CODE_IGNORE]
+        count += len(filenames)
+        if count > MAX_CODE_FILES:
+            raise StagingError(f"the code dir {code} holds more than {MAX_CODE_FILES} files; "
+                               "put the spec beside your code or pass --code-dir")
 
 
 class JobRunner:
@@ -128,11 +140,12 @@ class JobRunner:
 
     def _copy_code(self, working: Path) -> None:
         """Put the user's code in the working dir, as the platform extracts it there."""
-        code = self.plan.spec.code_dir
+        code = self.plan.code_dir
         if code is None or not self.plan.spec.job.enable_baseten_workdir:
             return
         if code.resolve() == working.resolve():
             return
+        _check_code_size(code)
         skip = {p.resolve() for p in (working, self.plan.context.layout.node_root) if p}
 
         def ignore(directory: str, names: list[str]) -> list[str]:

@@ -9,9 +9,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-POLL_SECONDS = 0.05
-
-
 def exit_status(returncode: int) -> int:
     """A shell-style status: the code itself, or ``128 + N`` for death by signal N."""
     return 128 - returncode if returncode < 0 else returncode
@@ -65,9 +62,7 @@ class Child:
 
     def wait_until(self, deadline: float) -> int | None:
         """The return code, or None if the child is still running at ``deadline``."""
-        while time.monotonic() < deadline:
-            code = self.process.poll()
-            if code is not None:
-                return code
-            time.sleep(POLL_SECONDS)
-        return self.process.poll()
+        try:
+            return self.process.wait(timeout=max(deadline - time.monotonic(), 0))
+        except subprocess.TimeoutExpired:
+            return None
