@@ -36,8 +36,11 @@ class JobView:
         return aggregate_status(self.job, self.nodes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.job.to_dict(), "status": self.status.value,
-                "nodes": [node.to_dict() for node in self.nodes]}
+        return {
+            **self.job.to_dict(),
+            "status": self.status.value,
+            "nodes": [node.to_dict() for node in self.nodes],
+        }
 
 
 class Catalog:
@@ -78,21 +81,28 @@ class Catalog:
         try:
             return str(self._read_json(f"jobs/{job_id}.json")["project"])
         except RecordNotFoundError:
-            raise RecordNotFoundError(f"no job {job_id!r} in {self.store.url}; "
-                                      "see `bt-agent jobs list`") from None
+            raise RecordNotFoundError(
+                f"no job {job_id!r} in {self.store.url}; see `bt-agent jobs list`"
+            ) from None
 
     def view(self, job_id: str) -> JobView:
         project = self.project_of(job_id)
         prefix = job_prefix(project, job_id)
         record = JobRecord.from_dict(self._read_json(f"{prefix}/job.json"))
-        nodes = [NodeRecord.from_dict(self._read_json(info.key))
-                 for info in self.store.list(f"{prefix}/nodes/") if info.key.endswith(".json")]
+        nodes = [
+            NodeRecord.from_dict(self._read_json(info.key))
+            for info in self.store.list(f"{prefix}/nodes/")
+            if info.key.endswith(".json")
+        ]
         return JobView(record, sorted(nodes, key=lambda n: n.node_rank))
 
     def jobs(self, project: str | None = None) -> list[JobView]:
         """Every job in the store (or one project), newest first."""
-        ids = [info.key.removeprefix("jobs/").removesuffix(".json")
-               for info in self.store.list("jobs/") if info.key.count("/") == 1]
+        ids = [
+            info.key.removeprefix("jobs/").removesuffix(".json")
+            for info in self.store.list("jobs/")
+            if info.key.count("/") == 1
+        ]
         views = [self.view(job_id) for job_id in ids]
         chosen = [v for v in views if project is None or v.job.project == project]
         return sorted(chosen, key=lambda v: v.job.created_at, reverse=True)

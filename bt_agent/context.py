@@ -42,7 +42,7 @@ def project_id(project: str) -> str:
 
 @dataclass(frozen=True)
 class Layout:
-    """Maps container paths to host paths: identity in a real container, under ``node_root`` else."""
+    """Maps container paths to host paths: as they are in a container, else under ``node_root``."""
 
     node_root: Path | None = None
 
@@ -112,8 +112,13 @@ class _Resolver:
         except ValueError:
             number = minimum - 1
         if number < minimum:
-            self.problems.append(Problem(where, f"expected an integer >= {minimum}, got {value!r}",
-                                         f"set {where} to a whole number"))
+            self.problems.append(
+                Problem(
+                    where,
+                    f"expected an integer >= {minimum}, got {value!r}",
+                    f"set {where} to a whole number",
+                )
+            )
             return default
         return number
 
@@ -122,8 +127,13 @@ class _Resolver:
         if value is None:
             return default
         if not _SAFE_NAME.match(value):
-            self.problems.append(Problem(where, f"{value!r} cannot name a store directory",
-                                         "use letters, digits, '.', '_' and '-' (128 at most)"))
+            self.problems.append(
+                Problem(
+                    where,
+                    f"{value!r} cannot name a store directory",
+                    "use letters, digits, '.', '_' and '-' (128 at most)",
+                )
+            )
         return value
 
     def seconds(self, name: str, default: float) -> float:
@@ -135,25 +145,45 @@ class _Resolver:
         except ValueError:
             seconds = -1.0
         if not seconds > 0:
-            self.problems.append(Problem(where, f"expected a positive number of seconds, got "
-                                         f"{value!r}", f"set {where} to e.g. 30"))
+            self.problems.append(
+                Problem(
+                    where,
+                    f"expected a positive number of seconds, got {value!r}",
+                    f"set {where} to e.g. 30",
+                )
+            )
             return default
         return seconds
 
 
-def resolve(inputs: ContextInputs, environ: Environ, node_count: int, gpu_request: int,
-            config_project: str | None) -> NodeContext:
+def resolve(
+    inputs: ContextInputs,
+    environ: Environ,
+    node_count: int,
+    gpu_request: int,
+    config_project: str | None,
+) -> NodeContext:
     """The node context for a job; raises :class:`UsageError` listing every bad input."""
     r = _Resolver(inputs, environ)
     group_size = r.integer("group_size", node_count, 1)
     node_rank = r.integer("node_rank", 0, 0)
     if node_rank >= group_size:
-        r.problems.append(Problem("--node-rank", f"node rank {node_rank} is outside a group of "
-                                  f"{group_size} node(s)", f"use a rank from 0 to {group_size - 1}"))
-    leader, where = r.raw("leader_addr")
+        r.problems.append(
+            Problem(
+                "--node-rank",
+                f"node rank {node_rank} is outside a group of {group_size} node(s)",
+                f"use a rank from 0 to {group_size - 1}",
+            )
+        )
+    leader, _where = r.raw("leader_addr")
     if leader is None and group_size > 1:
-        r.problems.append(Problem("--leader-addr", f"a {group_size}-node job needs the leader's "
-                                  "address", "set --leader-addr or BT_LEADER_ADDR on every node"))
+        r.problems.append(
+            Problem(
+                "--leader-addr",
+                f"a {group_size}-node job needs the leader's address",
+                "set --leader-addr or BT_LEADER_ADDR on every node",
+            )
+        )
     root_value, _ = r.raw("node_root")
     layout = Layout(Path(root_value).absolute() if root_value else None)
     secrets_value, _ = r.raw("secrets_dir")
@@ -186,8 +216,13 @@ def _store_url(value: str | None, environ: Environ, problems: list[Problem], whe
     if "://" not in value:
         return Path(value).absolute().as_uri()
     if urlparse(value).scheme != "file":
-        problems.append(Problem(where, f"unsupported store URL {value!r}",
-                                "use file:///path (or a plain directory path)"))
+        problems.append(
+            Problem(
+                where,
+                f"unsupported store URL {value!r}",
+                "use file:///path (or a plain directory path)",
+            )
+        )
     return value
 
 

@@ -20,11 +20,16 @@ from bt_agent.spec.models import SecretReference, TrainingJob
 
 MASTER_PORT = 29500
 #: Inputs of the agent itself that the platform would not show the user's commands.
-PRIVATE_INPUTS = frozenset({
-    SPEC_VARIABLE, CONFIG_PYTHON_VARIABLE, CONTEXT_VARIABLES["store"],
-    CONTEXT_VARIABLES["node_root"], CONTEXT_VARIABLES["secrets_dir"],
-    CONTEXT_VARIABLES["grace_period"],
-})
+PRIVATE_INPUTS = frozenset(
+    {
+        SPEC_VARIABLE,
+        CONFIG_PYTHON_VARIABLE,
+        CONTEXT_VARIABLES["store"],
+        CONTEXT_VARIABLES["node_root"],
+        CONTEXT_VARIABLES["secrets_dir"],
+        CONTEXT_VARIABLES["grace_period"],
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,9 @@ class JobDirs:
         hf_home = None
         if cache.enabled:
             legacy = cache.enable_legacy_hf_mount
-            hf_home = host(f"{base}/huggingface" if legacy else f"{base}/user_artifacts/huggingface")
+            hf_home = host(
+                f"{base}/huggingface" if legacy else f"{base}/user_artifacts/huggingface"
+            )
         return cls(
             working=host(WORKING_DIR),
             scratch=host(SCRATCH_DIR),
@@ -61,8 +68,15 @@ class JobDirs:
         )
 
     def all(self) -> list[Path]:
-        paths = [self.working, self.scratch, self.checkpoints, self.loaded_checkpoints,
-                 self.rw_cache, self.project_cache, self.team_cache]
+        paths = [
+            self.working,
+            self.scratch,
+            self.checkpoints,
+            self.loaded_checkpoints,
+            self.rw_cache,
+            self.project_cache,
+            self.team_cache,
+        ]
         return paths + ([self.hf_home] if self.hf_home is not None else [])
 
 
@@ -76,8 +90,10 @@ class ChildEnvironment:
 
     def export_lines(self) -> list[str]:
         """``export K=V`` lines for the keys the agent sets, secret values masked."""
-        return [f"export {key}={shlex.quote(MASK if key in self.secret_keys else self.values[key])}"
-                for key in self.exported]
+        return [
+            f"export {key}={shlex.quote(MASK if key in self.secret_keys else self.values[key])}"
+            for key in self.exported
+        ]
 
 
 def platform_variables(job: TrainingJob, context: NodeContext, dirs: JobDirs) -> dict[str, str]:
@@ -117,8 +133,9 @@ def launcher_defaults(context: NodeContext, dirs: JobDirs) -> dict[str, str]:
     return values
 
 
-def build(job: TrainingJob, context: NodeContext, secrets: Secrets,
-          inherited: Mapping[str, str]) -> ChildEnvironment:
+def build(
+    job: TrainingJob, context: NodeContext, secrets: Secrets, inherited: Mapping[str, str]
+) -> ChildEnvironment:
     dirs = JobDirs.for_job(job, context)
     user: dict[str, str] = {}
     secret_keys = set()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable
-from typing import TextIO
+from typing import IO, TextIO
 
 Redact = Callable[[str], str]
 
@@ -20,7 +20,7 @@ class AgentLog:
     def __init__(self, stream: TextIO | None = None, redact: Redact = lambda text: text) -> None:
         self.stream = stream or sys.stderr
         self.redact = redact
-        self.copy: TextIO | None = None
+        self.copy: IO[str] | None = None
         self._lock = threading.Lock()
 
     def _emit(self, level: str, message: str) -> None:

@@ -12,9 +12,9 @@ from typing import Any
 class JobStatus(str, enum.Enum):
     """A node's lifecycle (REFERENCE.md §3)::
 
-        CREATED -> DEPLOYING -> RUNNING -> COMPLETED | FAILED | STOPPED
-                       |
-                       +-> DEPLOY_FAILED        (and STOPPED from any phase on a stop signal)
+    CREATED -> DEPLOYING -> RUNNING -> COMPLETED | FAILED | STOPPED
+                   |
+                   +-> DEPLOY_FAILED        (and STOPPED from any phase on a stop signal)
     """
 
     CREATED = "TRAINING_JOB_CREATED"
@@ -34,11 +34,19 @@ class JobStatus(str, enum.Enum):
         return self.value.removeprefix("TRAINING_JOB_")
 
 
-TERMINAL = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.DEPLOY_FAILED,
-                      JobStatus.STOPPED})
+TERMINAL = frozenset(
+    {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.DEPLOY_FAILED, JobStatus.STOPPED}
+)
 # When nodes disagree, the job shows the first of these that any node has.
-_AGGREGATE_ORDER = (JobStatus.FAILED, JobStatus.DEPLOY_FAILED, JobStatus.STOPPED,
-                    JobStatus.CREATED, JobStatus.DEPLOYING, JobStatus.RUNNING, JobStatus.COMPLETED)
+_AGGREGATE_ORDER = (
+    JobStatus.FAILED,
+    JobStatus.DEPLOY_FAILED,
+    JobStatus.STOPPED,
+    JobStatus.CREATED,
+    JobStatus.DEPLOYING,
+    JobStatus.RUNNING,
+    JobStatus.COMPLETED,
+)
 
 
 def now_iso(timestamp: float | None = None) -> str:
@@ -89,11 +97,14 @@ class NodeRecord:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> NodeRecord:
         return cls(
-            job_id=data["job_id"], project=data["project"], node_rank=int(data["node_rank"]),
+            job_id=data["job_id"],
+            project=data["project"],
+            node_rank=int(data["node_rank"]),
             hostname=data.get("hostname", ""),
             history=[Transition(JobStatus(t["status"]), t["at"]) for t in data.get("history", [])],
             commands=[CommandResult(**c) for c in data.get("commands", [])],
-            exit_code=data.get("exit_code"), error=data.get("error"),
+            exit_code=data.get("exit_code"),
+            error=data.get("error"),
         )
 
 
@@ -111,9 +122,14 @@ class JobRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobRecord:
-        return cls(job_id=data["job_id"], project=data["project"], name=data.get("name"),
-                   created_at=data["created_at"], node_count=int(data.get("node_count", 1)),
-                   spec=data.get("spec", {}))
+        return cls(
+            job_id=data["job_id"],
+            project=data["project"],
+            name=data.get("name"),
+            created_at=data["created_at"],
+            node_count=int(data.get("node_count", 1)),
+            spec=data.get("spec", {}),
+        )
 
 
 def aggregate_status(record: JobRecord, nodes: list[NodeRecord]) -> JobStatus:

@@ -52,8 +52,11 @@ def _valid_name(name: str) -> bool:
 
 def _read(directory: Path, field_path: str, name: str) -> tuple[str | None, Problem | None]:
     if not _valid_name(name):
-        return None, Problem(field_path, f"{name!r} is not a valid secret name",
-                             "use a plain name such as hf_access_token")
+        return None, Problem(
+            field_path,
+            f"{name!r} is not a valid secret name",
+            "use a plain name such as hf_access_token",
+        )
     path = directory / name
     try:
         return path.read_text(encoding="utf-8").removesuffix("\n").removesuffix("\r"), None
@@ -61,8 +64,11 @@ def _read(directory: Path, field_path: str, name: str) -> tuple[str | None, Prob
         hint = f"create {path} holding its value, or point --secrets-dir at the directory"
         return None, Problem(field_path, f"secret {name!r} not found in {directory}", hint)
     except (OSError, UnicodeDecodeError) as exc:
-        return None, Problem(field_path, f"secret {name!r} cannot be read ({type(exc).__name__})",
-                             f"check that {path} is a readable UTF-8 file")
+        return None, Problem(
+            field_path,
+            f"secret {name!r} cannot be read ({type(exc).__name__})",
+            f"check that {path} is a readable UTF-8 file",
+        )
 
 
 def resolve(job: TrainingJob, directory: Path) -> tuple[Secrets, list[Problem]]:

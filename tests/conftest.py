@@ -59,16 +59,34 @@ class Agent:
         return path
 
     def context_args(self) -> list[str]:
-        return ["--node-root", str(self.node_root), "--store", str(self.store),
-                "--secrets-dir", str(self.secrets_dir)]
+        return [
+            "--node-root",
+            str(self.node_root),
+            "--store",
+            str(self.store),
+            "--secrets-dir",
+            str(self.secrets_dir),
+        ]
 
-    def __call__(self, *args: str, timeout: float = 60, stdin: str | None = None,
-                 env: dict[str, str] | None = None) -> Result:
+    def __call__(
+        self,
+        *args: str,
+        timeout: float = 60,
+        stdin: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Result:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("BT_")}
         full_env.update({"HOME": str(self.root / "home"), **self.env, **(env or {})})
-        done = subprocess.run([sys.executable, "-m", "bt_agent", *args], capture_output=True,
-                              text=True, timeout=timeout, env=full_env, input=stdin, cwd=self.root,
-                              check=False)
+        done = subprocess.run(
+            [sys.executable, "-m", "bt_agent", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=full_env,
+            input=stdin,
+            cwd=self.root,
+            check=False,
+        )
         return Result(done.returncode, done.stdout, done.stderr)
 
     def run_job(self, job: dict[str, Any], *extra: str, **kwargs: Any) -> Result:

@@ -18,37 +18,68 @@ def job(**fields: Any) -> dict[str, Any]:
 
 
 def weights(**fields: Any) -> dict[str, Any]:
-    return job(weights=[{"source": "hf://Qwen/Qwen3-0.6B", "mount_location": "/app/models/q",
-                         **fields}])
+    return job(
+        weights=[{"source": "hf://Qwen/Qwen3-0.6B", "mount_location": "/app/models/q", **fields}]
+    )
 
 
 # The REFERENCE.md §1 example, on the wire.
 FULL_EXAMPLE: dict[str, Any] = {
     "image": {"base_image": "pytorch/pytorch:2.7.0-cuda12.8-cudnn9-runtime", "docker_auth": None},
-    "compute": {"node_count": 2, "cpu_count": 8, "memory": "64Gi",
-                "accelerator": {"accelerator": "H100", "count": 8},
-                "availability_model": "dedicated"},
+    "compute": {
+        "node_count": 2,
+        "cpu_count": 8,
+        "memory": "64Gi",
+        "accelerator": {"accelerator": "H100", "count": 8},
+        "availability_model": "dedicated",
+    },
     "runtime": {
         "start_commands": ["chmod +x ./run.sh && ./run.sh"],
         "environment_variables": {"HELLO": "WORLD", "HF_TOKEN": {"name": "hf_access_token"}},
         "enable_cache": None,
         "checkpointing_config": {"enabled": True, "checkpoint_path": None, "volume_size_gib": 500},
-        "load_checkpoint_config": {"enabled": True, "checkpoints": [
-            {"typ": "baseten_latest_checkpoint", "job_id": None, "project_name": "my-proj"},
-            {"typ": "baseten_named_checkpoint", "checkpoint_name": "checkpoint-20",
-             "job_id": "gvpql31"}],
-            "download_folder": "/tmp/loaded_checkpoints"},
-        "cache_config": {"enabled": True, "enable_legacy_hf_mount": False,
-                         "require_cache_affinity": True, "mount_base_path": "/root/.cache"},
-        "artifacts": [{"s3_bucket": "b", "s3_key": "k"}]},
-    "interactive_session": None, "name": "fine-tune-v1", "priority": None, "workspace": None,
+        "load_checkpoint_config": {
+            "enabled": True,
+            "checkpoints": [
+                {"typ": "baseten_latest_checkpoint", "job_id": None, "project_name": "my-proj"},
+                {
+                    "typ": "baseten_named_checkpoint",
+                    "checkpoint_name": "checkpoint-20",
+                    "job_id": "gvpql31",
+                },
+            ],
+            "download_folder": "/tmp/loaded_checkpoints",
+        },
+        "cache_config": {
+            "enabled": True,
+            "enable_legacy_hf_mount": False,
+            "require_cache_affinity": True,
+            "mount_base_path": "/root/.cache",
+        },
+        "artifacts": [{"s3_bucket": "b", "s3_key": "k"}],
+    },
+    "interactive_session": None,
+    "name": "fine-tune-v1",
+    "priority": None,
+    "workspace": None,
     "weights": [
-        {"source": "hf://Qwen/Qwen3-0.6B@main", "mount_location": "/app/models/qwen",
-         "auth": {"auth_method": "CUSTOM_SECRET", "auth_secret_name": "hf_access_token"},
-         "auth_secret_name": None, "allow_patterns": ["*.safetensors", "config.json"],
-         "ignore_patterns": ["*.md"]},
-        {"source": "r2://acct123.my-bucket/data", "mount_location": "/app/data", "auth": None,
-         "auth_secret_name": "r2_credentials", "allow_patterns": None, "ignore_patterns": None}],
+        {
+            "source": "hf://Qwen/Qwen3-0.6B@main",
+            "mount_location": "/app/models/qwen",
+            "auth": {"auth_method": "CUSTOM_SECRET", "auth_secret_name": "hf_access_token"},
+            "auth_secret_name": None,
+            "allow_patterns": ["*.safetensors", "config.json"],
+            "ignore_patterns": ["*.md"],
+        },
+        {
+            "source": "r2://acct123.my-bucket/data",
+            "mount_location": "/app/data",
+            "auth": None,
+            "auth_secret_name": "r2_credentials",
+            "allow_patterns": None,
+            "ignore_patterns": None,
+        },
+    ],
     "enable_baseten_workdir": True,
 }
 
@@ -57,41 +88,99 @@ VALID: dict[str, dict[str, Any]] = {
     "reference-example": FULL_EXAMPLE,
     "accelerator-string": job(compute={"accelerator": "H100"}),
     "accelerator-string-count": job(compute={"accelerator": "H100:8"}),
-    "accelerator-count-as-string": job(compute={"accelerator": {"accelerator": "A100",
-                                                                "count": "8"}}),
+    "accelerator-count-as-string": job(
+        compute={"accelerator": {"accelerator": "A100", "count": "8"}}
+    ),
     "accelerator-null": job(compute={"accelerator": None}),
     "spot": job(compute={"availability_model": "spot"}),
     "secret-env": job(runtime={"environment_variables": {"T": {"name": "tok"}}}),
     "enable-cache-legacy": job(runtime={"enable_cache": True}),
     "cache-config": job(runtime={"cache_config": {"enabled": True}}),
-    "latest-no-args": job(runtime={"load_checkpoint_config": {"enabled": True,
-                                                              "checkpoints": [{}]}}),
+    "latest-no-args": job(
+        runtime={"load_checkpoint_config": {"enabled": True, "checkpoints": [{}]}}
+    ),
     "load-default-checkpoints": job(runtime={"load_checkpoint_config": {"enabled": True}}),
-    "latest-by-job": job(runtime={"load_checkpoint_config": {"enabled": True, "checkpoints": [
-        {"typ": "baseten_latest_checkpoint", "job_id": "abc1234"}]}}),
-    "named": job(runtime={"load_checkpoint_config": {"enabled": True, "checkpoints": [
-        {"typ": "baseten_named_checkpoint", "checkpoint_name": "checkpoint-10",
-         "job_id": "abc1234"}], "download_folder": "/data/loaded"}}),
-    "custom-checkpoint-path": job(runtime={"checkpointing_config": {
-        "enabled": True, "checkpoint_path": "/tmp/training_checkpoints"}}),
+    "latest-by-job": job(
+        runtime={
+            "load_checkpoint_config": {
+                "enabled": True,
+                "checkpoints": [{"typ": "baseten_latest_checkpoint", "job_id": "abc1234"}],
+            }
+        }
+    ),
+    "named": job(
+        runtime={
+            "load_checkpoint_config": {
+                "enabled": True,
+                "checkpoints": [
+                    {
+                        "typ": "baseten_named_checkpoint",
+                        "checkpoint_name": "checkpoint-10",
+                        "job_id": "abc1234",
+                    }
+                ],
+                "download_folder": "/data/loaded",
+            }
+        }
+    ),
+    "custom-checkpoint-path": job(
+        runtime={
+            "checkpointing_config": {
+                "enabled": True,
+                "checkpoint_path": "/tmp/training_checkpoints",
+            }
+        }
+    ),
     "weights-extra-key": weights(some_future_key=1),
-    "weights-auth-lowercase": weights(auth={"auth_method": "custom_secret",
-                                            "auth_secret_name": "hf"}),
-    "weights-aws-oidc": job(weights=[{"source": "s3://bucket/path", "mount_location": "/d",
-                                      "auth": {"auth_method": "AWS_OIDC",
-                                               "aws_oidc_role_arn": "arn:aws:iam::1:role/r",
-                                               "aws_oidc_region": "us-east-1"}}]),
-    "weights-gcp-oidc": job(weights=[{"source": "gs://bucket/p", "mount_location": "/d",
-                                      "auth": {"auth_method": "GCP_OIDC",
-                                               "gcp_oidc_service_account": "sa",
-                                               "gcp_oidc_workload_id_provider": "p"}}]),
-    "weights-assume-role": job(weights=[{"source": "s3://b/p", "mount_location": "/d",
-                                         "auth": {"auth_method": "AWS_ASSUME_ROLE",
-                                                  "aws_assume_role_arn": "arn",
-                                                  "aws_assume_role_region": "us-east-1"}}]),
+    "weights-auth-lowercase": weights(
+        auth={"auth_method": "custom_secret", "auth_secret_name": "hf"}
+    ),
+    "weights-aws-oidc": job(
+        weights=[
+            {
+                "source": "s3://bucket/path",
+                "mount_location": "/d",
+                "auth": {
+                    "auth_method": "AWS_OIDC",
+                    "aws_oidc_role_arn": "arn:aws:iam::1:role/r",
+                    "aws_oidc_region": "us-east-1",
+                },
+            }
+        ]
+    ),
+    "weights-gcp-oidc": job(
+        weights=[
+            {
+                "source": "gs://bucket/p",
+                "mount_location": "/d",
+                "auth": {
+                    "auth_method": "GCP_OIDC",
+                    "gcp_oidc_service_account": "sa",
+                    "gcp_oidc_workload_id_provider": "p",
+                },
+            }
+        ]
+    ),
+    "weights-assume-role": job(
+        weights=[
+            {
+                "source": "s3://b/p",
+                "mount_location": "/d",
+                "auth": {
+                    "auth_method": "AWS_ASSUME_ROLE",
+                    "aws_assume_role_arn": "arn",
+                    "aws_assume_role_region": "us-east-1",
+                },
+            }
+        ]
+    ),
     "s3-bucket-only": job(weights=[{"source": "s3://bucket", "mount_location": "/d"}]),
-    "azure-and-cw": job(weights=[{"source": "azure://acct/container/p", "mount_location": "/a"},
-                                 {"source": "cw://bucket/p", "mount_location": "/b"}]),
+    "azure-and-cw": job(
+        weights=[
+            {"source": "azure://acct/container/p", "mount_location": "/a"},
+            {"source": "cw://bucket/p", "mount_location": "/b"},
+        ]
+    ),
     "https": job(weights=[{"source": "https://example.com/model.bin", "mount_location": "/m"}]),
     "hf-revision": weights(source="hf://owner/repo@v1.0"),
     "interactive": job(interactive_session={"trigger": "on_startup", "timeout_minutes": 60}),
@@ -112,37 +201,92 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
     "memory-int": (job(compute={"memory": 2}), "compute.memory"),
     "accelerator-unknown": (job(compute={"accelerator": "H1000"}), "compute.accelerator"),
     "accelerator-bad-count": (job(compute={"accelerator": "H100:x"}), "compute.accelerator"),
-    "accelerator-negative": (job(compute={"accelerator": {"accelerator": "H100", "count": -1}}),
-                             "compute.accelerator.count"),
-    "availability-unknown": (job(compute={"availability_model": "cheap"}),
-                             "compute.availability_model"),
-    "start-commands-string": (job(runtime={"start_commands": "python train.py"}),
-                              "runtime.start_commands"),
+    "accelerator-negative": (
+        job(compute={"accelerator": {"accelerator": "H100", "count": -1}}),
+        "compute.accelerator.count",
+    ),
+    "availability-unknown": (
+        job(compute={"availability_model": "cheap"}),
+        "compute.availability_model",
+    ),
+    "start-commands-string": (
+        job(runtime={"start_commands": "python train.py"}),
+        "runtime.start_commands",
+    ),
     "start-command-int": (job(runtime={"start_commands": [1]}), "runtime.start_commands[0]"),
-    "env-int": (job(runtime={"environment_variables": {"A": 1}}),
-                "runtime.environment_variables.A"),
-    "env-secret-typo": (job(runtime={"environment_variables": {"A": {"nam": "x"}}}),
-                        "runtime.environment_variables.A.nam"),
-    "both-cache-settings": (job(runtime={"enable_cache": True, "cache_config": {"enabled": True}}),
-                            "runtime.enable_cache"),
-    "cache-enabled-string": (job(runtime={"cache_config": {"enabled": "yes"}}),
-                             "runtime.cache_config.enabled"),
-    "checkpoint-typ-unknown": (job(runtime={"load_checkpoint_config": {"enabled": True,
-                               "checkpoints": [{"typ": "latest"}]}}),
-                               "runtime.load_checkpoint_config.checkpoints[0]"),
-    "named-missing-job": (job(runtime={"load_checkpoint_config": {"enabled": True, "checkpoints": [
-        {"typ": "baseten_named_checkpoint", "checkpoint_name": "c"}]}}),
-        "runtime.load_checkpoint_config.checkpoints[0].job_id"),
-    "named-bad-name": (job(runtime={"load_checkpoint_config": {"enabled": True, "checkpoints": [
-        {"typ": "baseten_named_checkpoint", "checkpoint_name": "../x", "job_id": "j"}]}}),
-        "runtime.load_checkpoint_config.checkpoints[0].checkpoint_name"),
-    "loops-unsupported": (job(runtime={"load_checkpoint_config": {"enabled": True, "checkpoints": [
-        {"typ": "loops_checkpoint", "run_id": "r", "checkpoint_name": "c"}]}}),
-        "runtime.load_checkpoint_config.checkpoints[0].typ"),
-    "checkpointing-enabled-string": (job(runtime={"checkpointing_config": {"enabled": "true"}}),
-                                     "runtime.checkpointing_config.enabled"),
-    "volume-size-string": (job(runtime={"checkpointing_config": {"volume_size_gib": "500"}}),
-                           "runtime.checkpointing_config.volume_size_gib"),
+    "env-int": (
+        job(runtime={"environment_variables": {"A": 1}}),
+        "runtime.environment_variables.A",
+    ),
+    "env-secret-typo": (
+        job(runtime={"environment_variables": {"A": {"nam": "x"}}}),
+        "runtime.environment_variables.A.nam",
+    ),
+    "both-cache-settings": (
+        job(runtime={"enable_cache": True, "cache_config": {"enabled": True}}),
+        "runtime.enable_cache",
+    ),
+    "cache-enabled-string": (
+        job(runtime={"cache_config": {"enabled": "yes"}}),
+        "runtime.cache_config.enabled",
+    ),
+    "checkpoint-typ-unknown": (
+        job(
+            runtime={
+                "load_checkpoint_config": {"enabled": True, "checkpoints": [{"typ": "latest"}]}
+            }
+        ),
+        "runtime.load_checkpoint_config.checkpoints[0]",
+    ),
+    "named-missing-job": (
+        job(
+            runtime={
+                "load_checkpoint_config": {
+                    "enabled": True,
+                    "checkpoints": [{"typ": "baseten_named_checkpoint", "checkpoint_name": "c"}],
+                }
+            }
+        ),
+        "runtime.load_checkpoint_config.checkpoints[0].job_id",
+    ),
+    "named-bad-name": (
+        job(
+            runtime={
+                "load_checkpoint_config": {
+                    "enabled": True,
+                    "checkpoints": [
+                        {
+                            "typ": "baseten_named_checkpoint",
+                            "checkpoint_name": "../x",
+                            "job_id": "j",
+                        }
+                    ],
+                }
+            }
+        ),
+        "runtime.load_checkpoint_config.checkpoints[0].checkpoint_name",
+    ),
+    "loops-unsupported": (
+        job(
+            runtime={
+                "load_checkpoint_config": {
+                    "enabled": True,
+                    "checkpoints": [
+                        {"typ": "loops_checkpoint", "run_id": "r", "checkpoint_name": "c"}
+                    ],
+                }
+            }
+        ),
+        "runtime.load_checkpoint_config.checkpoints[0].typ",
+    ),
+    "checkpointing-enabled-string": (
+        job(runtime={"checkpointing_config": {"enabled": "true"}}),
+        "runtime.checkpointing_config.enabled",
+    ),
+    "volume-size-string": (
+        job(runtime={"checkpointing_config": {"volume_size_gib": "500"}}),
+        "runtime.checkpointing_config.volume_size_gib",
+    ),
     "source-no-scheme": (weights(source="Qwen/Qwen3"), "weights[0].source"),
     "source-bad-scheme": (weights(source="ftp://host/x"), "weights[0].source"),
     "s3-no-bucket": (weights(source="s3:///path"), "weights[0].source"),
@@ -152,53 +296,109 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
     "source-empty": (weights(source=""), "weights[0].source"),
     "mount-relative": (weights(mount_location="models/q"), "weights[0].mount_location"),
     "mount-missing": ({**job(), "weights": [{"source": "hf://a/b"}]}, "weights[0].mount_location"),
-    "auth-method-unknown": (weights(auth={"auth_method": "PASSWORD"}),
-                            "weights[0].auth.auth_method"),
-    "auth-secret-missing": (weights(auth={"auth_method": "CUSTOM_SECRET"}),
-                            "weights[0].auth.auth_secret_name"),
-    "auth-oidc-missing-region": (weights(auth={"auth_method": "AWS_OIDC",
-                                               "aws_oidc_role_arn": "arn"}),
-                                 "weights[0].auth.aws_oidc_region"),
-    "auth-forbidden-field": (weights(auth={"auth_method": "CUSTOM_SECRET", "auth_secret_name": "s",
-                                           "aws_oidc_region": "us"}),
-                             "weights[0].auth.aws_oidc_region"),
-    "auth-secret-twice": (weights(auth_secret_name="a", auth={"auth_method": "CUSTOM_SECRET",
-                                                              "auth_secret_name": "b"}),
-                          "weights[0].auth_secret_name"),
+    "auth-method-unknown": (
+        weights(auth={"auth_method": "PASSWORD"}),
+        "weights[0].auth.auth_method",
+    ),
+    "auth-secret-missing": (
+        weights(auth={"auth_method": "CUSTOM_SECRET"}),
+        "weights[0].auth.auth_secret_name",
+    ),
+    "auth-oidc-missing-region": (
+        weights(auth={"auth_method": "AWS_OIDC", "aws_oidc_role_arn": "arn"}),
+        "weights[0].auth.aws_oidc_region",
+    ),
+    "auth-forbidden-field": (
+        weights(
+            auth={"auth_method": "CUSTOM_SECRET", "auth_secret_name": "s", "aws_oidc_region": "us"}
+        ),
+        "weights[0].auth.aws_oidc_region",
+    ),
+    "auth-secret-twice": (
+        weights(
+            auth_secret_name="a", auth={"auth_method": "CUSTOM_SECRET", "auth_secret_name": "b"}
+        ),
+        "weights[0].auth_secret_name",
+    ),
     "patterns-string": (weights(allow_patterns="*.safetensors"), "weights[0].allow_patterns"),
-    "mount-duplicate": (job(weights=[{"source": "hf://a/b", "mount_location": "/app/m"},
-                                     {"source": "hf://c/d", "mount_location": "/app/m/"}]),
-                        "weights[1].mount_location"),
-    "mount-nested": (job(weights=[{"source": "hf://a/b", "mount_location": "/app/m"},
-                                  {"source": "hf://c/d", "mount_location": "/app/m/sub"}]),
-                     "weights[1].mount_location"),
-    "mount-in-checkpoint-dir": (weights(mount_location="/mnt/ckpts/base"),
-                                "weights[0].mount_location"),
+    "mount-duplicate": (
+        job(
+            weights=[
+                {"source": "hf://a/b", "mount_location": "/app/m"},
+                {"source": "hf://c/d", "mount_location": "/app/m/"},
+            ]
+        ),
+        "weights[1].mount_location",
+    ),
+    "mount-nested": (
+        job(
+            weights=[
+                {"source": "hf://a/b", "mount_location": "/app/m"},
+                {"source": "hf://c/d", "mount_location": "/app/m/sub"},
+            ]
+        ),
+        "weights[1].mount_location",
+    ),
+    "mount-in-checkpoint-dir": (
+        weights(mount_location="/mnt/ckpts/base"),
+        "weights[0].mount_location",
+    ),
     "mount-over-workdir": (weights(mount_location="/b10"), "weights[0].mount_location"),
     "mount-system-dir": (weights(mount_location="/proc/x"), "weights[0].mount_location"),
     "mount-root": (weights(mount_location="/"), "weights[0].mount_location"),
-    "download-in-checkpoint-dir": (job(runtime={
-        "checkpointing_config": {"enabled": True, "checkpoint_path": "/ckpt"},
-        "load_checkpoint_config": {"enabled": True, "download_folder": "/ckpt/loaded"}}),
-        "runtime.load_checkpoint_config.download_folder"),
-    "checkpoint-path-relative": (job(runtime={"checkpointing_config": {
-        "checkpoint_path": "ckpts"}}), "runtime.checkpointing_config.checkpoint_path"),
-    "checkpoint-path-in-scratch": (job(runtime={"checkpointing_config": {
-        "checkpoint_path": "/mnt/bt-scratch/c"}}), "runtime.checkpointing_config.checkpoint_path"),
-    "duplicate-named-reference": (job(runtime={"load_checkpoint_config": {
-        "enabled": True, "checkpoints": [
-            {"typ": "baseten_named_checkpoint", "checkpoint_name": "c", "job_id": "j"},
-            {"typ": "baseten_named_checkpoint", "checkpoint_name": "c", "job_id": "j"}]}}),
-        "runtime.load_checkpoint_config.checkpoints[1]"),
-    "interactive-trigger": (job(interactive_session={"trigger": "always"}),
-                            "interactive_session.trigger"),
+    "download-in-checkpoint-dir": (
+        job(
+            runtime={
+                "checkpointing_config": {"enabled": True, "checkpoint_path": "/ckpt"},
+                "load_checkpoint_config": {"enabled": True, "download_folder": "/ckpt/loaded"},
+            }
+        ),
+        "runtime.load_checkpoint_config.download_folder",
+    ),
+    "checkpoint-path-relative": (
+        job(runtime={"checkpointing_config": {"checkpoint_path": "ckpts"}}),
+        "runtime.checkpointing_config.checkpoint_path",
+    ),
+    "checkpoint-path-in-scratch": (
+        job(runtime={"checkpointing_config": {"checkpoint_path": "/mnt/bt-scratch/c"}}),
+        "runtime.checkpointing_config.checkpoint_path",
+    ),
+    "duplicate-named-reference": (
+        job(
+            runtime={
+                "load_checkpoint_config": {
+                    "enabled": True,
+                    "checkpoints": [
+                        {"typ": "baseten_named_checkpoint", "checkpoint_name": "c", "job_id": "j"},
+                        {"typ": "baseten_named_checkpoint", "checkpoint_name": "c", "job_id": "j"},
+                    ],
+                }
+            }
+        ),
+        "runtime.load_checkpoint_config.checkpoints[1]",
+    ),
+    "interactive-trigger": (
+        job(interactive_session={"trigger": "always"}),
+        "interactive_session.trigger",
+    ),
     "priority-string": (job(priority="high"), "priority"),
     "workdir-flag-string": (job(enable_baseten_workdir="true"), "enable_baseten_workdir"),
     "weights-not-list": (job(weights={"source": "hf://a/b"}), "weights"),
 }
 
 # Mistakes the SDK lets through and bt-agent reports (excluded from the parity test's "agree").
-OURS_ONLY = {"node-count-zero", "named-bad-name", "loops-unsupported", "mount-duplicate",
-             "mount-nested", "mount-in-checkpoint-dir", "mount-over-workdir", "mount-system-dir",
-             "mount-root", "download-in-checkpoint-dir", "checkpoint-path-relative",
-             "checkpoint-path-in-scratch", "duplicate-named-reference"}
+OURS_ONLY = {
+    "node-count-zero",
+    "named-bad-name",
+    "loops-unsupported",
+    "mount-duplicate",
+    "mount-nested",
+    "mount-in-checkpoint-dir",
+    "mount-over-workdir",
+    "mount-system-dir",
+    "mount-root",
+    "download-in-checkpoint-dir",
+    "checkpoint-path-relative",
+    "checkpoint-path-in-scratch",
+    "duplicate-named-reference",
+}

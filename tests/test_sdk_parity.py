@@ -63,14 +63,52 @@ def test_sdk_agrees_on_invalid_cases(name: str) -> None:
 
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-3, 10) | st.floats(allow_nan=False, width=16)
-    | st.sampled_from(["", "x", "2", "H100", "H100:2", "/abs", "rel", "hf://a/b", "s3://b/p",
-                       "s3://b@v", "custom_secret", "AWS_OIDC", "spot", "on_demand",
-                       "baseten_named_checkpoint", "loops_checkpoint"]),
-    lambda inner: st.lists(inner, max_size=2) | st.dictionaries(
-        st.sampled_from(["name", "typ", "count", "accelerator", "source", "mount_location",
-                         "enabled", "auth_method", "job_id", "checkpoint_name", "zz"]),
-        inner, max_size=3),
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 10)
+    | st.floats(allow_nan=False, width=16)
+    | st.sampled_from(
+        [
+            "",
+            "x",
+            "2",
+            "H100",
+            "H100:2",
+            "/abs",
+            "rel",
+            "hf://a/b",
+            "s3://b/p",
+            "s3://b@v",
+            "custom_secret",
+            "AWS_OIDC",
+            "spot",
+            "on_demand",
+            "baseten_named_checkpoint",
+            "loops_checkpoint",
+        ]
+    ),
+    lambda inner: (
+        st.lists(inner, max_size=2)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "name",
+                    "typ",
+                    "count",
+                    "accelerator",
+                    "source",
+                    "mount_location",
+                    "enabled",
+                    "auth_method",
+                    "job_id",
+                    "checkpoint_name",
+                    "zz",
+                ]
+            ),
+            inner,
+            max_size=3,
+        )
+    ),
     max_leaves=6,
 )
 
@@ -110,7 +148,7 @@ def test_mutated_specs_get_the_sdk_verdict(data: st.DataObject) -> None:
         assert not semantics_ok
 
 
-CONFIG = '''
+CONFIG = """
 import truss_train
 from truss_train import definitions
 
@@ -134,7 +172,7 @@ job = definitions.TrainingJob(
                                        allow_patterns=["*.safetensors"])],
 )
 project = definitions.TrainingProject(name="from-config", job=job)
-'''
+"""
 
 
 def test_config_py_through_the_real_sdk(tmp_path: Path) -> None:
@@ -159,8 +197,9 @@ def test_config_py_with_two_projects(tmp_path: Path) -> None:
 
 def test_config_py_that_the_sdk_rejects(tmp_path: Path) -> None:
     path = tmp_path / "config.py"
-    path.write_text("import truss_train\n"
-                    "truss_train.WeightsSource(source='Qwen/Qwen3', mount_location='/m')\n")
+    path.write_text(
+        "import truss_train\ntruss_train.WeightsSource(source='Qwen/Qwen3', mount_location='/m')\n"
+    )
     with pytest.raises(Exception, match="missing a URI scheme"):
         load(str(path))
 

@@ -38,13 +38,19 @@ def test_invalid_spec_reports_its_field(tmp_path: Path, name: str) -> None:
 
 
 def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
-    data = job(compute={"node_count": "2"}, runtime={"start_commands": "x"},
-               weights=[{"source": "Qwen/Qwen3", "mount_location": "rel"}])
+    data = job(
+        compute={"node_count": "2"},
+        runtime={"start_commands": "x"},
+        weights=[{"source": "Qwen/Qwen3", "mount_location": "rel"}],
+    )
     with pytest.raises(SpecError) as caught:
         _load_json(tmp_path, data)
     assert [p.path for p in caught.value.problems] == [
-        "compute.node_count", "runtime.start_commands", "weights[0].source",
-        "weights[0].mount_location"]
+        "compute.node_count",
+        "runtime.start_commands",
+        "weights[0].source",
+        "weights[0].mount_location",
+    ]
 
 
 def test_reference_example_values(tmp_path: Path) -> None:

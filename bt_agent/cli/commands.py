@@ -30,10 +30,12 @@ def _plan(args: argparse.Namespace, environ: Environ, check_secrets: bool = True
     spec = load(source, sys.stdin, environ.get(CONFIG_PYTHON_VARIABLE))
     inputs = ContextInputs(**{f.name: getattr(args, f.name) for f in fields(ContextInputs)})
     job = spec.job
-    context = resolve(inputs, environ, job.compute.node_count, job.compute.gpu_count,
-                      spec.project_name)
-    secrets, problems = (resolve_secrets(job, context.secrets_dir) if check_secrets
-                         else (Secrets(), []))
+    context = resolve(
+        inputs, environ, job.compute.node_count, job.compute.gpu_count, spec.project_name
+    )
+    secrets, problems = (
+        resolve_secrets(job, context.secrets_dir) if check_secrets else (Secrets(), [])
+    )
     if problems:
         raise SpecError(problems, spec.origin)
     env = build(job, context, secrets, environ.values)
@@ -64,20 +66,29 @@ def validate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except SpecError as exc:
         if args.output != "json":
             raise
-        _json({"valid": False, "origin": exc.source,
-               "problems": [p.as_dict() for p in exc.problems]}, out)
+        _json(
+            {"valid": False, "origin": exc.source, "problems": [p.as_dict() for p in exc.problems]},
+            out,
+        )
         return exc.exit_code
     job = plan.spec.job
-    summary = {"valid": True, "origin": plan.spec.origin, "project": plan.context.project,
-               "start_commands": len(job.runtime.start_commands), "weights": len(job.weights),
-               "checkpoints_to_load": len(job.runtime.checkpoints_to_load),
-               "nodes": job.compute.node_count}
+    summary = {
+        "valid": True,
+        "origin": plan.spec.origin,
+        "project": plan.context.project,
+        "start_commands": len(job.runtime.start_commands),
+        "weights": len(job.weights),
+        "checkpoints_to_load": len(job.runtime.checkpoints_to_load),
+        "nodes": job.compute.node_count,
+    }
     if args.output == "json":
         _json(summary, out)
     else:
-        out.write(f"{plan.spec.origin}: valid ({summary['start_commands']} start_commands, "
-                  f"{summary['weights']} weights, {summary['nodes']} node(s), project "
-                  f"{plan.context.project})\n")
+        out.write(
+            f"{plan.spec.origin}: valid ({summary['start_commands']} start_commands, "
+            f"{summary['weights']} weights, {summary['nodes']} node(s), project "
+            f"{plan.context.project})\n"
+        )
     return 0
 
 
@@ -109,30 +120,44 @@ def jobs(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def _job_row(view: JobView) -> dict[str, Any]:
     job = view.job
-    return {"job_id": job.job_id, "project": job.project, "name": job.name,
-            "status": view.status.short, "nodes": f"{len(view.nodes)}/{job.node_count}",
-            "created_at": job.created_at}
+    return {
+        "job_id": job.job_id,
+        "project": job.project,
+        "name": job.name,
+        "status": view.status.short,
+        "nodes": f"{len(view.nodes)}/{job.node_count}",
+        "created_at": job.created_at,
+    }
 
 
 def _view(view: JobView, fmt: str, out: TextIO) -> int:
     if fmt == "json":
         _json(view.to_dict(), out)
         return 0
-    rows = [{"node": n.node_rank, "status": n.status.short, "exit_code": n.exit_code,
-             "host": n.hostname, "started_at": n.history[0].at if n.history else None,
-             "ended_at": n.history[-1].at if n.status.terminal else None, "reason": n.error}
-            for n in view.nodes]
+    rows = [
+        {
+            "node": n.node_rank,
+            "status": n.status.short,
+            "exit_code": n.exit_code,
+            "host": n.hostname,
+            "started_at": n.history[0].at if n.history else None,
+            "ended_at": n.history[-1].at if n.status.terminal else None,
+            "reason": n.error,
+        }
+        for n in view.nodes
+    ]
     columns = ("node", "status", "exit_code", "host", "started_at", "ended_at", "reason")
     if fmt == "csv":
         out.write(render(rows, columns, fmt) + "\n")
         return 0
     job = view.job
-    out.write(f"job {job.job_id}  project {job.project}  name {job.name or '-'}  "
-              f"status {view.status.short}  created {job.created_at}\n\n")
+    out.write(
+        f"job {job.job_id}  project {job.project}  name {job.name or '-'}  "
+        f"status {view.status.short}  created {job.created_at}\n\n"
+    )
     out.write(render(rows, columns, "table") + "\n")
     return 0
 
 
 def _json(data: Any, out: TextIO) -> None:
     out.write(json.dumps(data, indent=2) + "\n")
-

@@ -47,8 +47,9 @@ def _add_spec(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", nargs="?", help="job JSON, config.py or - (default $BT_JOB_SPEC)")
     group = parser.add_argument_group("node context (flag, else environment variable)")
     for name, (variable, text) in CONTEXT_HELP.items():
-        group.add_argument("--" + name.replace("_", "-"), dest=name, metavar=variable,
-                           help=f"{text} [${variable}]")
+        group.add_argument(
+            "--" + name.replace("_", "-"), dest=name, metavar=variable, help=f"{text} [${variable}]"
+        )
 
 
 def _add_store(parser: argparse.ArgumentParser) -> None:
@@ -58,37 +59,59 @@ def _add_store(parser: argparse.ArgumentParser) -> None:
 def _add_format(parser: argparse.ArgumentParser, default: str = "table") -> None:
     from bt_agent.cli.output import FORMATS
 
-    parser.add_argument("-o", "--output", choices=FORMATS, default=default,
-                        help=f"output format (default {default})")
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=FORMATS,
+        default=default,
+        help=f"output format (default {default})",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="bt-agent", description="The in-container runtime for ML training jobs.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="bt-agent",
+        description="The in-container runtime for ML training jobs.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"bt-agent {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    run = commands.add_parser("run", help="run a job to a terminal state (the container's PID 1)",
-                              description="Validate, create records, prepare the job's "
-                              "directories, run start_commands in order, record the outcome.",
-                              epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run = commands.add_parser(
+        "run",
+        help="run a job to a terminal state (the container's PID 1)",
+        description="Validate, create records, prepare the job's "
+        "directories, run start_commands in order, record the outcome.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_spec(run)
-    run.add_argument("--code-dir", metavar="DIR",
-                     help="copy this directory into the working dir before the commands run "
-                     "(default with --node-root: the spec's directory; else nothing)")
+    run.add_argument(
+        "--code-dir",
+        metavar="DIR",
+        help="copy this directory into the working dir before the commands run "
+        "(default with --node-root: the spec's directory; else nothing)",
+    )
 
-    validate = commands.add_parser("validate", help="check a spec; print every problem at once",
-                                   description="Check a spec exactly as the SDK does, plus what "
-                                   "the SDK misses. Exit 0 if valid, 2 with every problem if not.")
+    validate = commands.add_parser(
+        "validate",
+        help="check a spec; print every problem at once",
+        description="Check a spec exactly as the SDK does, plus what "
+        "the SDK misses. Exit 0 if valid, 2 with every problem if not.",
+    )
     _add_spec(validate)
-    validate.add_argument("--skip-secrets", action="store_true",
-                          help="do not check that referenced secrets exist")
+    validate.add_argument(
+        "--skip-secrets", action="store_true", help="do not check that referenced secrets exist"
+    )
     validate.add_argument("-o", "--output", choices=("text", "json"), default="text")
 
-    env = commands.add_parser("env", help="print the start_commands' environment as export lines",
-                              description="Print the variables the agent sets for start_commands "
-                              "(BT_*, PET_*, HF_HOME, the user's) as `export K=V`; secrets masked.")
+    env = commands.add_parser(
+        "env",
+        help="print the start_commands' environment as export lines",
+        description="Print the variables the agent sets for start_commands "
+        "(BT_*, PET_*, HF_HOME, the user's) as `export K=V`; secrets masked.",
+    )
     _add_spec(env)
 
     jobs = commands.add_parser("jobs", help="read job records from the store")
@@ -128,7 +151,9 @@ def dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from bt_agent.cli import commands
 
     handlers: dict[str, Any] = {
-        "run": commands.run, "validate": commands.validate, "env": commands.env,
+        "run": commands.run,
+        "validate": commands.validate,
+        "env": commands.env,
         "jobs": commands.jobs,
     }
     result: int = handlers[args.command](args, out, err)

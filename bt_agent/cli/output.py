@@ -16,8 +16,9 @@ def render(rows: Sequence[dict[str, Any]], columns: Sequence[str], fmt: str) -> 
         return json.dumps(list(rows), indent=2, sort_keys=False)
     if fmt == "csv":
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=list(columns), extrasaction="ignore",
-                                lineterminator="\n")
+        writer = csv.DictWriter(
+            buffer, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n"
+        )
         writer.writeheader()
         writer.writerows(rows)
         return buffer.getvalue().rstrip("\n")
@@ -31,7 +32,9 @@ def _cell(value: Any) -> str:
 def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
     cells = [[_cell(row.get(c)) for c in columns] for row in rows]
     header = [c.upper().replace("_", " ") for c in columns]
-    widths = [max(len(x) for x in column) for column in zip(header, *cells)]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip()
-             for line in [header, *cells]]
+    widths = [max(len(x) for x in column) for column in zip(header, *cells, strict=False)]
+    lines = [
+        "  ".join(v.ljust(w) for v, w in zip(line, widths, strict=False)).rstrip()
+        for line in [header, *cells]
+    ]
     return "\n".join(lines)

@@ -5,22 +5,27 @@ stdout. It runs user code, which is why it never runs inside the agent's own pro
 imports nothing from ``bt_agent``, so any Python with ``truss`` installed can run it.
 """
 
+from __future__ import annotations
+
 import importlib.util
 import json
 import sys
+from typing import Any
 
 
-def _emit(**payload):
-    sys.stdout.write(json.dumps(payload))
+def _emit(**payload: Any) -> None:
+    sys.stdout.write("\n" + json.dumps(payload))
     sys.stdout.flush()
 
 
-def main(path):
+def main(path: str) -> None:
     try:
-        from truss_train import definitions
+        from truss_train import definitions  # type: ignore[import-untyped]
     except ImportError as exc:
         return _emit(ok=False, kind="truss_missing", message=str(exc))
     spec = importlib.util.spec_from_file_location("config", path)
+    if spec is None or spec.loader is None:
+        return _emit(ok=False, kind="config_error", message=f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
@@ -30,8 +35,12 @@ def main(path):
     if len(found) != 1:
         return _emit(ok=False, kind="project_count", message=str(len(found)))
     project = found[0]
-    return _emit(ok=True, project=project.name, team=project.team_name,
-                 training_job=project.job.model_dump(mode="json"))
+    return _emit(
+        ok=True,
+        project=project.name,
+        team=project.team_name,
+        training_job=project.job.model_dump(mode="json"),
+    )
 
 
 if __name__ == "__main__":

@@ -42,24 +42,39 @@ def managed_dirs(job: TrainingJob) -> list[_Dir]:
     """The directories the agent creates and owns, as container paths."""
     runtime = job.runtime
     dirs = [
-        _Dir(_normal(runtime.checkpoint_dir), "runtime.checkpointing_config.checkpoint_path",
-             "the checkpoint dir"),
-        _Dir(_normal(runtime.load_dir), "runtime.load_checkpoint_config.download_folder",
-             "the loaded-checkpoint dir"),
+        _Dir(
+            _normal(runtime.checkpoint_dir),
+            "runtime.checkpointing_config.checkpoint_path",
+            "the checkpoint dir",
+        ),
+        _Dir(
+            _normal(runtime.load_dir),
+            "runtime.load_checkpoint_config.download_folder",
+            "the loaded-checkpoint dir",
+        ),
         _Dir(SCRATCH_DIR, "", "the scratch dir"),
         _Dir(WORKING_DIR, "", "the working dir"),
     ]
     if runtime.cache.enabled:
-        dirs.append(_Dir(_normal(runtime.cache.mount_base_path),
-                         "runtime.cache_config.mount_base_path", "the training cache"))
+        dirs.append(
+            _Dir(
+                _normal(runtime.cache.mount_base_path),
+                "runtime.cache_config.mount_base_path",
+                "the training cache",
+            )
+        )
     return dirs
 
 
 def _absolute_dirs(dirs: list[_Dir]) -> list[Problem]:
     return [
-        Problem(d.field, f"{d.label} must be an absolute path, got {d.path!r}",
-                f"write it as /{d.path.lstrip('./')}")
-        for d in dirs if d.field and not d.path.startswith("/")
+        Problem(
+            d.field,
+            f"{d.label} must be an absolute path, got {d.path!r}",
+            f"write it as /{d.path.lstrip('./')}",
+        )
+        for d in dirs
+        if d.field and not d.path.startswith("/")
     ]
 
 
@@ -68,19 +83,24 @@ def _bad_characters(job: TrainingJob) -> list[Problem]:
     paths += [(f"weights[{i}].mount_location", w.mount_location) for i, w in enumerate(job.weights)]
     return [
         Problem(field, "contains a NUL or newline character", "use a plain path")
-        for field, path in paths if any(c in path for c in "\0\n\r")
+        for field, path in paths
+        if any(c in path for c in "\0\n\r")
     ]
 
 
 def _overlapping_managed_dirs(dirs: list[_Dir]) -> list[Problem]:
     problems = []
     for i, first in enumerate(dirs):
-        for second in dirs[i + 1:]:
+        for second in dirs[i + 1 :]:
             if _inside(first.path, second.path) or _inside(second.path, first.path):
                 field = second.field or first.field
-                problems.append(Problem(
-                    field, f"{second.label} {second.path!r} overlaps {first.label} {first.path!r}",
-                    "choose separate directories, neither inside the other"))
+                problems.append(
+                    Problem(
+                        field,
+                        f"{second.label} {second.path!r} overlaps {first.label} {first.path!r}",
+                        "choose separate directories, neither inside the other",
+                    )
+                )
     return problems
 
 
@@ -93,19 +113,43 @@ def _mount_problems(job: TrainingJob, dirs: list[_Dir]) -> list[Problem]:
         if not mount.startswith("/"):
             continue  # already reported by the SDK rule
         if mount == "/" or any(_inside(mount, root) for root in RESERVED_ROOTS):
-            problems.append(Problem(field, f"{mount!r} is a system directory",
-                                    "mount weights under a directory of their own, e.g. /app/models"))
+            problems.append(
+                Problem(
+                    field,
+                    f"{mount!r} is a system directory",
+                    "mount weights under a directory of their own, e.g. /app/models",
+                )
+            )
             continue
         for d in dirs:
             if _inside(mount, d.path) or _inside(d.path, mount):
-                problems.append(Problem(field, f"{mount!r} overlaps {d.label} {d.path!r}",
-                                        "mount weights outside the directories the agent manages"))
+                problems.append(
+                    Problem(
+                        field,
+                        f"{mount!r} overlaps {d.label} {d.path!r}",
+                        "mount weights outside the directories the agent manages",
+                    )
+                )
         for j, other in seen:
-            relation = "is the same as" if mount == other else (
-                "is inside" if _inside(mount, other) else "contains" if _inside(other, mount) else "")
+            relation = (
+                "is the same as"
+                if mount == other
+                else (
+                    "is inside"
+                    if _inside(mount, other)
+                    else "contains"
+                    if _inside(other, mount)
+                    else ""
+                )
+            )
             if relation:
-                problems.append(Problem(field, f"{mount!r} {relation} weights[{j}].mount_location "
-                                        f"{other!r}", "give each source its own directory"))
+                problems.append(
+                    Problem(
+                        field,
+                        f"{mount!r} {relation} weights[{j}].mount_location {other!r}",
+                        "give each source its own directory",
+                    )
+                )
         seen.append((i, mount))
     return problems
 
@@ -119,17 +163,32 @@ def _reference_problems(job: TrainingJob) -> list[Problem]:
     for i, ref in enumerate(config.checkpoints):
         field = f"runtime.load_checkpoint_config.checkpoints[{i}]"
         if isinstance(ref, LoopsCheckpoint):
-            problems.append(Problem(f"{field}.typ", "loops_checkpoint is not supported by bt-agent",
-                                    "use baseten_latest_checkpoint or baseten_named_checkpoint"))
+            problems.append(
+                Problem(
+                    f"{field}.typ",
+                    "loops_checkpoint is not supported by bt-agent",
+                    "use baseten_latest_checkpoint or baseten_named_checkpoint",
+                )
+            )
         if isinstance(ref, NamedCheckpoint):
             name = ref.checkpoint_name
             if not name or "/" in name or name in (".", "..") or "\0" in name:
-                problems.append(Problem(f"{field}.checkpoint_name", f"{name!r} is not a checkpoint "
-                                        "name", "give the top-level directory name, e.g. checkpoint-20"))
+                problems.append(
+                    Problem(
+                        f"{field}.checkpoint_name",
+                        f"{name!r} is not a checkpoint name",
+                        "give the top-level directory name, e.g. checkpoint-20",
+                    )
+                )
             key = (ref.job_id, name)
             if key in named:
-                problems.append(Problem(field, f"loads the same checkpoint as checkpoints[{named[key]}]",
-                                        "remove one of the two"))
+                problems.append(
+                    Problem(
+                        field,
+                        f"loads the same checkpoint as checkpoints[{named[key]}]",
+                        "remove one of the two",
+                    )
+                )
             named.setdefault(key, i)
     return problems
 
@@ -137,8 +196,13 @@ def _reference_problems(job: TrainingJob) -> list[Problem]:
 def _compute_problems(job: TrainingJob) -> list[Problem]:
     if job.compute.node_count >= 1:
         return []
-    return [Problem("compute.node_count", f"must be at least 1, got {job.compute.node_count}",
-                    "use 1 for a single-node job")]
+    return [
+        Problem(
+            "compute.node_count",
+            f"must be at least 1, got {job.compute.node_count}",
+            "use 1 for a single-node job",
+        )
+    ]
 
 
 def semantic_problems(job: TrainingJob) -> list[Problem]:

@@ -41,8 +41,15 @@ def load(source: str, stdin: TextIO | None = None, config_python: str | None = N
         return _from_json_text(text, "<stdin>", None)
     path = Path(source)
     if not path.is_file():
-        raise SpecError([Problem("", f"no spec file at {source}",
-                                 "give the path of a job JSON file or a config.py, or - for stdin")])
+        raise SpecError(
+            [
+                Problem(
+                    "",
+                    f"no spec file at {source}",
+                    "give the path of a job JSON file or a config.py, or - for stdin",
+                )
+            ]
+        )
     if path.suffix == ".py":
         payload = _run_config(path, config_python or sys.executable)
         return _validated(payload["training_job"], str(path), payload.get("project"), path.parent)
@@ -57,8 +64,16 @@ def _from_json_text(text: str, origin: str, code_dir: Path | None) -> LoadedSpec
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise SpecError([Problem("", f"not valid JSON: {exc.msg} at line {exc.lineno} column "
-                                 f"{exc.colno}", "fix the JSON syntax")], origin) from exc
+        raise SpecError(
+            [
+                Problem(
+                    "",
+                    f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+                    "fix the JSON syntax",
+                )
+            ],
+            origin,
+        ) from exc
     job, project = _unwrap(data, origin)
     return _validated(job, origin, project, code_dir)
 
@@ -67,13 +82,21 @@ def _unwrap(data: Any, origin: str) -> tuple[Any, str | None]:
     """The TrainingJob object and the project name, from either JSON form."""
     if not isinstance(data, dict) or "training_job" not in data:
         return data, None
-    problems = [Problem(key, "unknown top-level field", "keep only training_job and training_project")
-                for key in data if key not in ("training_job", "training_project")]
+    problems = [
+        Problem(key, "unknown top-level field", "keep only training_job and training_project")
+        for key in data
+        if key not in ("training_job", "training_project")
+    ]
     project = data.get("training_project")
     name = project.get("name") if isinstance(project, dict) else None
     if project is not None and not isinstance(name, str):
-        problems.append(Problem("training_project.name", f"expected a string, got {describe(name)}",
-                                'write {"name": "<project>"}'))
+        problems.append(
+            Problem(
+                "training_project.name",
+                f"expected a string, got {describe(name)}",
+                'write {"name": "<project>"}',
+            )
+        )
     if problems:
         raise SpecError(problems, origin)
     return data["training_job"], name
@@ -92,18 +115,38 @@ def _validated(raw: Any, origin: str, project: str | None, code_dir: Path | None
 def _run_config(path: Path, python: str) -> dict[str, Any]:
     script = Path(__file__).with_name("_load_config.py")
     try:
-        done = subprocess.run([python, str(script), str(path.resolve())], capture_output=True,
-                              text=True, timeout=CONFIG_TIMEOUT_SECONDS, cwd=path.resolve().parent,
-                              check=False)
+        done = subprocess.run(
+            [python, str(script), str(path.resolve())],
+            capture_output=True,
+            text=True,
+            timeout=CONFIG_TIMEOUT_SECONDS,
+            cwd=path.resolve().parent,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SpecError([Problem("", f"could not load {path} with {python}: {exc}",
-                                 "check BT_CONFIG_PYTHON, or give the job as JSON")]) from exc
+        raise SpecError(
+            [
+                Problem(
+                    "",
+                    f"could not load {path} with {python}: {exc}",
+                    "check BT_CONFIG_PYTHON, or give the job as JSON",
+                )
+            ]
+        ) from exc
     try:
         payload: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     except (json.JSONDecodeError, IndexError):
         detail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise SpecError([Problem("", f"loading {path} failed: {detail}",
-                                 "run it with python to see the full error")], str(path)) from None
+        raise SpecError(
+            [
+                Problem(
+                    "",
+                    f"loading {path} failed: {detail}",
+                    "run it with python to see the full error",
+                )
+            ],
+            str(path),
+        ) from None
     if not payload.get("ok"):
         raise SpecError([_config_problem(payload, path, python)], str(path))
     return payload
@@ -112,11 +155,20 @@ def _run_config(path: Path, python: str) -> dict[str, Any]:
 def _config_problem(payload: dict[str, Any], path: Path, python: str) -> Problem:
     kind, message = payload.get("kind"), str(payload.get("message", ""))
     if kind == "truss_missing":
-        return Problem("", f"loading a config.py needs the truss package, which {python} lacks",
-                       "pip install truss (or set BT_CONFIG_PYTHON to a Python that has it), "
-                       "or give the job as JSON")
+        return Problem(
+            "",
+            f"loading a config.py needs the truss package, which {python} lacks",
+            "pip install truss (or set BT_CONFIG_PYTHON to a Python that has it), "
+            "or give the job as JSON",
+        )
     if kind == "project_count":
-        return Problem("", f"{path} defines {message} TrainingProject objects; exactly one is needed",
-                       "define one TrainingProject(name=..., job=...) at module level")
-    return Problem("", f"{path} raised {message}",
-                   f"fix the config (`{python} {path}` shows the whole traceback)")
+        return Problem(
+            "",
+            f"{path} defines {message} TrainingProject objects; exactly one is needed",
+            "define one TrainingProject(name=..., job=...) at module level",
+        )
+    return Problem(
+        "",
+        f"{path} raised {message}",
+        f"fix the config (`{python} {path}` shows the whole traceback)",
+    )

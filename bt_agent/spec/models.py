@@ -13,6 +13,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from bt_agent.errors import Problem
 from bt_agent.spec import schema as s
 
 CLOUD_SCHEMES = ("s3://", "gs://", "azure://", "r2://", "cw://")
@@ -296,17 +297,19 @@ def _accelerator_string(value: str) -> Any:
 
 _ACCELERATOR_OBJECT = s.ObjectSchema(
     AcceleratorSpec,
-    {"accelerator": s.Field(s.nullable(s.choice(Accelerator)), None),
-     "count": s.Field(s.integer(minimum=0, lax=True), 1)},
+    {
+        "accelerator": s.Field(s.nullable(s.choice(Accelerator)), None),
+        "count": s.Field(s.integer(minimum=0, lax=True), 1),
+    },
     extra="allow",
 )
 
 
-def _accelerator(value: Any, path: str, problems: list[s.Problem]) -> Any:
+def _accelerator(value: Any, path: str, problems: list[Problem]) -> Any:
     if isinstance(value, str):
         parsed = _accelerator_string(value)
         if isinstance(parsed, tuple):
-            problems.append(s.Problem(path, *parsed))
+            problems.append(Problem(path, *parsed))
             return s.INVALID
         return parsed
     return _ACCELERATOR_OBJECT(value, path, problems)
@@ -317,7 +320,7 @@ def _source_rule(value: str) -> tuple[str, str] | None:
     if "://" not in value:
         return (f"source {value!r} is missing a URI scheme", f"start it with one of: {schemes}")
     scheme = value.split("://", 1)[0] + "://"
-    rest = value[len(scheme):]
+    rest = value[len(scheme) :]
     if scheme not in SUPPORTED_SCHEMES:
         return (f"unsupported source scheme {scheme!r}", f"use one of: {schemes}")
     name = scheme[:-3].upper()
@@ -326,22 +329,31 @@ def _source_rule(value: str) -> tuple[str, str] | None:
         form = forms.get(scheme, f"{scheme}bucket/path")
         return (f"invalid {name} URI {value!r}", f"expected format: {form}")
     if scheme in CLOUD_SCHEMES and "@" in rest:
-        return ("the @ revision syntax is only valid for HuggingFace sources (hf://)",
-                f"remove the @... suffix: {name} has no revisions")
+        return (
+            "the @ revision syntax is only valid for HuggingFace sources (hf://)",
+            f"remove the @... suffix: {name} has no revisions",
+        )
     return None
 
 
 def _absolute_rule(value: str) -> tuple[str, str] | None:
     if value.startswith("/"):
         return None
-    return (f"mount_location must be an absolute path (start with /), got: {value}",
-            f"write it as /{value}")
+    return (
+        f"mount_location must be an absolute path (start with /), got: {value}",
+        f"write it as /{value}",
+    )
 
 
 def _one_secret_name(weights: WeightsSource) -> Found:
     if weights.auth_secret_name and weights.auth is not None and weights.auth.auth_secret_name:
-        return [("auth_secret_name", "auth_secret_name is set both here and in auth",
-                 "keep only one of the two")]
+        return [
+            (
+                "auth_secret_name",
+                "auth_secret_name is set both here and in auth",
+                "keep only one of the two",
+            )
+        ]
     return []
 
 
@@ -351,20 +363,27 @@ def _auth_fields_match_method(auth: WeightsAuth) -> Found:
     method = auth.auth_method.value
     found: Found = [
         (name, f"must be provided when auth_method is {method}", "add it")
-        for name in required if getattr(auth, name) in (None, "")
+        for name in required
+        if getattr(auth, name) in (None, "")
     ]
     found += [
         (name, f"cannot be specified when auth_method is {method}", "remove it")
-        for name in sorted(others) if getattr(auth, name) not in (None, "")
+        for name in sorted(others)
+        if getattr(auth, name) not in (None, "")
     ]
     return found
 
 
 def _one_cache_setting(raw: dict[str, Any]) -> Found:
     if raw.get("enable_cache") is not None and raw.get("cache_config") is not None:
-        return [("enable_cache", "enable_cache and cache_config are both set",
-                 "remove enable_cache (deprecated) and use cache_config with enabled=true "
-                 "and enable_legacy_hf_mount=true")]
+        return [
+            (
+                "enable_cache",
+                "enable_cache and cache_config are both set",
+                "remove enable_cache (deprecated) and use cache_config with enabled=true "
+                "and enable_legacy_hf_mount=true",
+            )
+        ]
     return []
 
 
@@ -374,8 +393,11 @@ def _docker_auth_fields_match_method(auth: dict[str, Any]) -> Found:
     found: Found = []
     if auth[required] is None:
         found.append((required, f"must be provided when auth_method is {method.value}", "add it"))
-    found += [(name, f"cannot be specified when auth_method is {method.value}", "remove it")
-              for name in DOCKER_AUTH_FIELDS.values() if name != required and auth[name] is not None]
+    found += [
+        (name, f"cannot be specified when auth_method is {method.value}", "remove it")
+        for name in DOCKER_AUTH_FIELDS.values()
+        if name != required and auth[name] is not None
+    ]
     return found
 
 
@@ -389,8 +411,10 @@ def _checkpoint_tag(value: Any) -> str | None:
 def _unknown_checkpoint(value: Any) -> tuple[str, str]:
     kinds = ", ".join(CHECKPOINT_SCHEMAS)
     if not isinstance(value, dict):
-        return (f"expected a checkpoint reference object, got {s.describe(value)}",
-                f'write {{"typ": ..., ...}} with typ one of: {kinds}')
+        return (
+            f"expected a checkpoint reference object, got {s.describe(value)}",
+            f'write {{"typ": ..., ...}} with typ one of: {kinds}',
+        )
     return (f"unknown checkpoint reference typ {value.get('typ')!r}", f"use one of: {kinds}")
 
 
@@ -399,8 +423,10 @@ def _env_tag(value: Any) -> str | None:
 
 
 def _bad_env_value(value: Any) -> tuple[str, str]:
-    return (f"expected a string or a secret reference, got {s.describe(value)}",
-            'write a string in quotes, or {"name": "<secret name>"} for a secret')
+    return (
+        f"expected a string or a secret reference, got {s.describe(value)}",
+        'write a string in quotes, or {"name": "<secret name>"} for a secret',
+    )
 
 
 def _str_field(default: Any = s.INVALID, min_length: int = 0) -> s.Field:
@@ -420,106 +446,212 @@ def _plain(**fields: s.Validator) -> s.Validator:
 
 
 _ROLE = _plain(role_arn=s.string(1), region=s.string(1))
-DOCKER_AUTH = s.ObjectSchema(
+DOCKER_AUTH: s.ObjectSchema[dict[str, Any]] = s.ObjectSchema(
     dict,
-    {"auth_method": s.Field(s.choice(DockerAuthType)), "registry": _str_field(),
-     "aws_iam_docker_auth": s.Field(_plain(access_key_secret_ref=SECRET_REFERENCE,
-                                           secret_access_key_secret_ref=SECRET_REFERENCE), None),
-     "aws_oidc_docker_auth": s.Field(_ROLE, None),
-     "aws_assume_role_docker_auth": s.Field(_ROLE, None),
-     "gcp_oidc_docker_auth": s.Field(_plain(service_account=s.string(1),
-                                            workload_identity_provider=s.string(1)), None),
-     "gcp_service_account_json_docker_auth": s.Field(
-         _plain(service_account_json_secret_ref=SECRET_REFERENCE), None),
-     "registry_secret_docker_auth": s.Field(_plain(secret_ref=SECRET_REFERENCE), None)},
+    {
+        "auth_method": s.Field(s.choice(DockerAuthType)),
+        "registry": _str_field(),
+        "aws_iam_docker_auth": s.Field(
+            _plain(
+                access_key_secret_ref=SECRET_REFERENCE,
+                secret_access_key_secret_ref=SECRET_REFERENCE,
+            ),
+            None,
+        ),
+        "aws_oidc_docker_auth": s.Field(_ROLE, None),
+        "aws_assume_role_docker_auth": s.Field(_ROLE, None),
+        "gcp_oidc_docker_auth": s.Field(
+            _plain(service_account=s.string(1), workload_identity_provider=s.string(1)), None
+        ),
+        "gcp_service_account_json_docker_auth": s.Field(
+            _plain(service_account_json_secret_ref=SECRET_REFERENCE), None
+        ),
+        "registry_secret_docker_auth": s.Field(_plain(secret_ref=SECRET_REFERENCE), None),
+    },
     checks=(_docker_auth_fields_match_method,),
 )
 
 CHECKPOINT_SCHEMAS: dict[str, s.Validator] = {
-    "baseten_latest_checkpoint": s.ObjectSchema(LatestCheckpoint, {
-        "typ": s.Field(s.string(), "baseten_latest_checkpoint"),
-        "job_id": _str_field(None), "project_name": _str_field(None)}),
-    "baseten_named_checkpoint": s.ObjectSchema(NamedCheckpoint, {
-        "typ": s.Field(s.string(), "baseten_named_checkpoint"),
-        "checkpoint_name": _str_field(), "job_id": _str_field()}),
-    "loops_checkpoint": s.ObjectSchema(LoopsCheckpoint, {
-        "typ": s.Field(s.string(), "loops_checkpoint"),
-        "run_id": _str_field(), "checkpoint_name": _str_field(),
-        "target": s.Field(s.string(), "trainer")}),
+    "baseten_latest_checkpoint": s.ObjectSchema(
+        LatestCheckpoint,
+        {
+            "typ": s.Field(s.string(), "baseten_latest_checkpoint"),
+            "job_id": _str_field(None),
+            "project_name": _str_field(None),
+        },
+    ),
+    "baseten_named_checkpoint": s.ObjectSchema(
+        NamedCheckpoint,
+        {
+            "typ": s.Field(s.string(), "baseten_named_checkpoint"),
+            "checkpoint_name": _str_field(),
+            "job_id": _str_field(),
+        },
+    ),
+    "loops_checkpoint": s.ObjectSchema(
+        LoopsCheckpoint,
+        {
+            "typ": s.Field(s.string(), "loops_checkpoint"),
+            "run_id": _str_field(),
+            "checkpoint_name": _str_field(),
+            "target": s.Field(s.string(), "trainer"),
+        },
+    ),
 }
 
 WEIGHTS_AUTH = s.ObjectSchema(
     WeightsAuth,
-    {"auth_method": s.Field(s.choice(WeightsAuthMethod, upper=True)),
-     **{name: _str_field(None) for name in (
-         "auth_secret_name", "aws_oidc_role_arn", "aws_oidc_region", "gcp_oidc_service_account",
-         "gcp_oidc_workload_id_provider", "aws_assume_role_arn", "aws_assume_role_region")}},
+    {
+        "auth_method": s.Field(s.choice(WeightsAuthMethod, upper=True)),
+        **{
+            name: _str_field(None)
+            for name in (
+                "auth_secret_name",
+                "aws_oidc_role_arn",
+                "aws_oidc_region",
+                "gcp_oidc_service_account",
+                "gcp_oidc_workload_id_provider",
+                "aws_assume_role_arn",
+                "aws_assume_role_region",
+            )
+        },
+    },
     extra="allow",
     checks=(_auth_fields_match_method,),
 )
 
 WEIGHTS_SOURCE = s.ObjectSchema(
     WeightsSource,
-    {"source": s.Field(s.refined(s.string(1), _source_rule)),
-     "mount_location": s.Field(s.refined(s.string(1), _absolute_rule)),
-     "auth": s.Field(s.nullable(WEIGHTS_AUTH), None), "auth_secret_name": _str_field(None),
-     "allow_patterns": s.Field(s.nullable(_STR_LIST), None),
-     "ignore_patterns": s.Field(s.nullable(_STR_LIST), None)},
+    {
+        "source": s.Field(s.refined(s.string(1), _source_rule)),
+        "mount_location": s.Field(s.refined(s.string(1), _absolute_rule)),
+        "auth": s.Field(s.nullable(WEIGHTS_AUTH), None),
+        "auth_secret_name": _str_field(None),
+        "allow_patterns": s.Field(s.nullable(_STR_LIST), None),
+        "ignore_patterns": s.Field(s.nullable(_STR_LIST), None),
+    },
     extra="allow",
     checks=(_one_secret_name,),
 )
 
 RUNTIME = s.ObjectSchema(
     Runtime,
-    {"start_commands": s.Field(_STR_LIST, default_factory=list),
-     "environment_variables": s.Field(s.dict_of(s.tagged(
-         _env_tag, {"str": s.string(), "secret": SECRET_REFERENCE}, _bad_env_value)),
-         default_factory=dict),
-     "enable_cache": s.Field(s.nullable(s.boolean()), None),
-     "checkpointing_config": s.Field(s.ObjectSchema(CheckpointingConfig, {
-         "enabled": s.Field(s.boolean(), False), "checkpoint_path": _str_field(None),
-         "volume_size_gib": s.Field(s.nullable(s.integer()), None)}),
-         default_factory=CheckpointingConfig),
-     "load_checkpoint_config": s.Field(s.nullable(s.ObjectSchema(LoadCheckpointConfig, {
-         "enabled": s.Field(s.boolean(), False),
-         "checkpoints": s.Field(s.list_of(s.tagged(
-             _checkpoint_tag, CHECKPOINT_SCHEMAS, _unknown_checkpoint)),
-             default_factory=lambda: [LatestCheckpoint()]),
-         "download_folder": s.Field(s.string(), DEFAULT_LOAD_DIR)})), None),
-     "cache_config": s.Field(s.nullable(s.ObjectSchema(CacheConfig, {
-         "enabled": s.Field(s.boolean(), False),
-         "enable_legacy_hf_mount": s.Field(s.boolean(), False),
-         "require_cache_affinity": s.Field(s.boolean(), True),
-         "mount_base_path": s.Field(s.string(), "/root/.cache")})), None),
-     "artifacts": s.Field(s.nullable(s.list_of(s.any_json())), None)},
+    {
+        "start_commands": s.Field(_STR_LIST, default_factory=list),
+        "environment_variables": s.Field(
+            s.dict_of(
+                s.tagged(_env_tag, {"str": s.string(), "secret": SECRET_REFERENCE}, _bad_env_value)
+            ),
+            default_factory=dict,
+        ),
+        "enable_cache": s.Field(s.nullable(s.boolean()), None),
+        "checkpointing_config": s.Field(
+            s.ObjectSchema(
+                CheckpointingConfig,
+                {
+                    "enabled": s.Field(s.boolean(), False),
+                    "checkpoint_path": _str_field(None),
+                    "volume_size_gib": s.Field(s.nullable(s.integer()), None),
+                },
+            ),
+            default_factory=CheckpointingConfig,
+        ),
+        "load_checkpoint_config": s.Field(
+            s.nullable(
+                s.ObjectSchema(
+                    LoadCheckpointConfig,
+                    {
+                        "enabled": s.Field(s.boolean(), False),
+                        "checkpoints": s.Field(
+                            s.list_of(
+                                s.tagged(_checkpoint_tag, CHECKPOINT_SCHEMAS, _unknown_checkpoint)
+                            ),
+                            default_factory=lambda: [LatestCheckpoint()],
+                        ),
+                        "download_folder": s.Field(s.string(), DEFAULT_LOAD_DIR),
+                    },
+                )
+            ),
+            None,
+        ),
+        "cache_config": s.Field(
+            s.nullable(
+                s.ObjectSchema(
+                    CacheConfig,
+                    {
+                        "enabled": s.Field(s.boolean(), False),
+                        "enable_legacy_hf_mount": s.Field(s.boolean(), False),
+                        "require_cache_affinity": s.Field(s.boolean(), True),
+                        "mount_base_path": s.Field(s.string(), "/root/.cache"),
+                    },
+                )
+            ),
+            None,
+        ),
+        "artifacts": s.Field(s.nullable(s.list_of(s.any_json())), None),
+    },
     before=_one_cache_setting,
 )
 
 TRAINING_JOB: s.ObjectSchema[TrainingJob] = s.ObjectSchema(
     TrainingJob,
-    {"image": s.Field(s.ObjectSchema(Image, {
-        "base_image": _str_field(),
-        "docker_auth": s.Field(s.nullable(DOCKER_AUTH), None)})),
-     "compute": s.Field(s.ObjectSchema(Compute, {
-         "node_count": s.Field(s.integer(), 1),
-         "cpu_count": s.Field(s.integer(), 1),
-         "memory": s.Field(s.string(), "2Gi"),
-         "accelerator": s.Field(s.nullable(_accelerator), None),
-         "availability_model": s.Field(s.choice(AvailabilityModel), AvailabilityModel.DEDICATED)}),
-         default_factory=Compute),
-     "runtime": s.Field(RUNTIME, default_factory=Runtime),
-     "interactive_session": s.Field(s.nullable(s.ObjectSchema(InteractiveSession, {
-         "trigger": s.Field(s.choice(SessionTrigger), SessionTrigger.ON_DEMAND),
-         "timeout_minutes": s.Field(s.integer(), 8 * 60),
-         "session_provider": s.Field(s.choice(SessionProvider), SessionProvider.VS_CODE),
-         "auth_provider": s.Field(s.choice(SessionAuthProvider), SessionAuthProvider.MICROSOFT),
-     })), None),
-     "name": _str_field(None),
-     "priority": s.Field(s.nullable(s.integer()), None),
-     "workspace": s.Field(s.nullable(s.ObjectSchema(Workspace, {
-         "workspace_root": _str_field(None),
-         "external_dirs": s.Field(_STR_LIST, default_factory=list),
-         "exclude_dirs": s.Field(_STR_LIST, default_factory=list)})), None),
-     "weights": s.Field(s.list_of(WEIGHTS_SOURCE), default_factory=list),
-     "enable_baseten_workdir": s.Field(s.boolean(), True)},
+    {
+        "image": s.Field(
+            s.ObjectSchema(
+                Image,
+                {"base_image": _str_field(), "docker_auth": s.Field(s.nullable(DOCKER_AUTH), None)},
+            )
+        ),
+        "compute": s.Field(
+            s.ObjectSchema(
+                Compute,
+                {
+                    "node_count": s.Field(s.integer(), 1),
+                    "cpu_count": s.Field(s.integer(), 1),
+                    "memory": s.Field(s.string(), "2Gi"),
+                    "accelerator": s.Field(s.nullable(_accelerator), None),
+                    "availability_model": s.Field(
+                        s.choice(AvailabilityModel), AvailabilityModel.DEDICATED
+                    ),
+                },
+            ),
+            default_factory=Compute,
+        ),
+        "runtime": s.Field(RUNTIME, default_factory=Runtime),
+        "interactive_session": s.Field(
+            s.nullable(
+                s.ObjectSchema(
+                    InteractiveSession,
+                    {
+                        "trigger": s.Field(s.choice(SessionTrigger), SessionTrigger.ON_DEMAND),
+                        "timeout_minutes": s.Field(s.integer(), 8 * 60),
+                        "session_provider": s.Field(
+                            s.choice(SessionProvider), SessionProvider.VS_CODE
+                        ),
+                        "auth_provider": s.Field(
+                            s.choice(SessionAuthProvider), SessionAuthProvider.MICROSOFT
+                        ),
+                    },
+                )
+            ),
+            None,
+        ),
+        "name": _str_field(None),
+        "priority": s.Field(s.nullable(s.integer()), None),
+        "workspace": s.Field(
+            s.nullable(
+                s.ObjectSchema(
+                    Workspace,
+                    {
+                        "workspace_root": _str_field(None),
+                        "external_dirs": s.Field(_STR_LIST, default_factory=list),
+                        "exclude_dirs": s.Field(_STR_LIST, default_factory=list),
+                    },
+                )
+            ),
+            None,
+        ),
+        "weights": s.Field(s.list_of(WEIGHTS_SOURCE), default_factory=list),
+        "enable_baseten_workdir": s.Field(s.boolean(), True),
+    },
 )

@@ -38,7 +38,7 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def join(path: str, key: str | int) -> str:
-    """``runtime`` + ``start_commands`` -> ``runtime.start_commands``; ints and odd keys bracketed."""
+    """``runtime`` + ``start_commands`` -> ``runtime.start_commands``; ints, odd keys bracketed."""
     if isinstance(key, int):
         return f"{path}[{key}]"
     if _IDENTIFIER.match(key):
@@ -48,8 +48,15 @@ def join(path: str, key: str | int) -> str:
 
 def describe(value: Any) -> str:
     """How a JSON value reads in an error: its type and a short rendering."""
-    kinds = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-             list: "a list", dict: "an object", type(None): "null"}
+    kinds = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+        type(None): "null",
+    }
     kind = kinds.get(type(value), type(value).__name__)
     if isinstance(value, (dict, list)) or value is None:
         return kind
@@ -60,94 +67,134 @@ def describe(value: Any) -> str:
 def string(min_length: int = 0) -> Validator:
     def check(value: Any, path: str, problems: list[Problem]) -> Any:
         if not isinstance(value, str):
-            problems.append(Problem(path, f"expected a string, got {describe(value)}",
-                                    _quote_hint(value)))
+            problems.append(
+                Problem(path, f"expected a string, got {describe(value)}", _quote_hint(value))
+            )
             return INVALID
         if len(value) < min_length:
-            problems.append(Problem(path, "must not be empty", "give it a value or remove the field"))
+            problems.append(
+                Problem(path, "must not be empty", "give it a value or remove the field")
+            )
             return INVALID
         return value
+
     return check
 
 
 def _quote_hint(value: Any) -> str:
-    return f"write it in quotes: {json.dumps(str(value))}" if isinstance(value, (int, float)) else ""
+    return (
+        f"write it in quotes: {json.dumps(str(value))}" if isinstance(value, (int, float)) else ""
+    )
 
 
 def integer(minimum: int | None = None, lax: bool = False) -> Validator:
     """Strict: a JSON integer only (``"2"`` and ``2.0`` are errors). Lax also takes ``"8"``."""
+
     def check(value: Any, path: str, problems: list[Problem]) -> Any:
         converted = value
-        if lax and isinstance(value, str) and value.strip().lstrip("-").isdigit():
-            converted = int(value)
-        elif lax and isinstance(value, float) and value.is_integer():
+        if (lax and isinstance(value, str) and value.strip().lstrip("-").isdigit()) or (
+            lax and isinstance(value, float) and value.is_integer()
+        ):
             converted = int(value)
         if type(converted) is not int:
-            hint = f"write {value} without quotes" if isinstance(value, str) and value.strip().lstrip(
-                "-").isdigit() else "write a whole number"
+            hint = (
+                f"write {value} without quotes"
+                if isinstance(value, str) and value.strip().lstrip("-").isdigit()
+                else "write a whole number"
+            )
             problems.append(Problem(path, f"expected an integer, got {describe(value)}", hint))
             return INVALID
         if minimum is not None and converted < minimum:
-            problems.append(Problem(path, f"must be at least {minimum}, got {converted}",
-                                    f"use a value of {minimum} or more"))
+            problems.append(
+                Problem(
+                    path,
+                    f"must be at least {minimum}, got {converted}",
+                    f"use a value of {minimum} or more",
+                )
+            )
             return INVALID
         return converted
+
     return check
 
 
 def boolean() -> Validator:
     def check(value: Any, path: str, problems: list[Problem]) -> Any:
         if type(value) is not bool:
-            problems.append(Problem(path, f"expected true or false, got {describe(value)}",
-                                    "write true or false without quotes"))
+            problems.append(
+                Problem(
+                    path,
+                    f"expected true or false, got {describe(value)}",
+                    "write true or false without quotes",
+                )
+            )
             return INVALID
         return value
+
     return check
 
 
 def choice(enum_type: type[E], upper: bool = False) -> Validator:
     """One of an enum's values, as a string (optionally upper-cased first, as the SDK does)."""
+
     def check(value: Any, path: str, problems: list[Problem]) -> Any:
         text = value.upper() if upper and isinstance(value, str) else value
         try:
             return enum_type(text)
         except ValueError:
             allowed = ", ".join(json.dumps(m.value) for m in enum_type)
-            problems.append(Problem(path, f"{describe(value)} is not allowed", f"use one of: {allowed}"))
+            problems.append(
+                Problem(path, f"{describe(value)} is not allowed", f"use one of: {allowed}")
+            )
             return INVALID
+
     return check
 
 
 def nullable(inner: Validator) -> Validator:
     def check(value: Any, path: str, problems: list[Problem]) -> Any:
         return None if value is None else inner(value, path, problems)
+
     return check
 
 
 def list_of(inner: Validator) -> Validator:
     def check(value: Any, path: str, problems: list[Problem]) -> Any:
         if not isinstance(value, list):
-            problems.append(Problem(path, f"expected a list, got {describe(value)}",
-                                    "write it as a JSON list: [...]"))
+            problems.append(
+                Problem(
+                    path,
+                    f"expected a list, got {describe(value)}",
+                    "write it as a JSON list: [...]",
+                )
+            )
             return INVALID
         items = [inner(item, join(path, i), problems) for i, item in enumerate(value)]
         return INVALID if any(item is INVALID for item in items) else items
+
     return check
 
 
 def dict_of(inner: Validator) -> Validator:
     def check(value: Any, path: str, problems: list[Problem]) -> Any:
         if not isinstance(value, dict):
-            problems.append(Problem(path, f"expected an object, got {describe(value)}",
-                                    'write it as a JSON object: {"KEY": ...}'))
+            problems.append(
+                Problem(
+                    path,
+                    f"expected an object, got {describe(value)}",
+                    'write it as a JSON object: {"KEY": ...}',
+                )
+            )
             return INVALID
         items = {k: inner(v, join(path, k), problems) for k, v in value.items()}
         return INVALID if any(v is INVALID for v in items.values()) else items
+
     return check
 
 
 def refined(inner: Validator, rule: Callable[[Any], tuple[str, str] | None]) -> Validator:
     """``inner``, then ``rule`` on its result: ``(message, hint)`` when the value is wrong."""
+
     def check(value: Any, path: str, problems: list[Problem]) -> Any:
         converted = inner(value, path, problems)
         if converted is INVALID:
@@ -157,6 +204,7 @@ def refined(inner: Validator, rule: Callable[[Any], tuple[str, str] | None]) -> 
             return converted
         problems.append(Problem(path, *found))
         return INVALID
+
     return check
 
 
@@ -207,8 +255,13 @@ class ObjectSchema(Generic[T]):
 
     def __call__(self, value: Any, path: str, problems: list[Problem]) -> Any:
         if not isinstance(value, dict):
-            problems.append(Problem(path, f"expected an object, got {describe(value)}",
-                                    'write it as a JSON object: {"field": ...}'))
+            problems.append(
+                Problem(
+                    path,
+                    f"expected an object, got {describe(value)}",
+                    'write it as a JSON object: {"field": ...}',
+                )
+            )
             return INVALID
         ok = self._report(self.before(value) if self.before else [], path, problems)
         values: dict[str, Any] = {}
@@ -240,15 +293,22 @@ class ObjectSchema(Generic[T]):
     def _unknown(self, extra: dict[str, Any], path: str, problems: list[Problem]) -> bool:
         for key in extra:
             close = difflib.get_close_matches(key, list(self.fields), n=1)
-            hint = f"did you mean {close[0]!r}?" if close else (
-                "remove it; allowed fields: " + ", ".join(self.fields))
+            hint = (
+                f"did you mean {close[0]!r}?"
+                if close
+                else ("remove it; allowed fields: " + ", ".join(self.fields))
+            )
             problems.append(Problem(join(path, key), "unknown field", hint))
         return False
 
 
-def tagged(tag_of: Callable[[Any], str | None], members: Mapping[str, Validator],
-           unknown: Callable[[Any], tuple[str, str]]) -> Validator:
+def tagged(
+    tag_of: Callable[[Any], str | None],
+    members: Mapping[str, Validator],
+    unknown: Callable[[Any], tuple[str, str]],
+) -> Validator:
     """A union that picks its member by a tag computed from the raw value."""
+
     def check(value: Any, path: str, problems: list[Problem]) -> Any:
         tag = tag_of(value)
         if tag is None or tag not in members:
@@ -256,4 +316,5 @@ def tagged(tag_of: Callable[[Any], str | None], members: Mapping[str, Validator]
             problems.append(Problem(path, message, hint))
             return INVALID
         return members[tag](value, path, problems)
+
     return check

@@ -70,15 +70,16 @@ class FileStore:
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         base = self.root
         start = base.joinpath(*_safe_parts(prefix.rsplit("/", 1)[0])) if "/" in prefix else base
-        for dirpath, dirnames, filenames in os.walk(start):
-            dirnames.sort()
-            for name in sorted(filenames):
+        found = []
+        for dirpath, _, filenames in os.walk(start):
+            for name in filenames:
                 if name.startswith(".") and name.endswith(".tmp"):
-                    continue
+                    continue  # another writer's file in progress
                 full = Path(dirpath, name)
                 key = full.relative_to(base).as_posix()
                 if key.startswith(prefix):
-                    yield ObjectInfo(key, full.stat().st_size)
+                    found.append(ObjectInfo(key, full.stat().st_size))
+        yield from sorted(found, key=lambda info: info.key)
 
     def exists(self, key: str) -> bool:
         return self.path(key).is_file()

@@ -65,13 +65,16 @@ def _check_code_size(code: Path) -> None:
         dirnames[:] = [d for d in dirnames if d not in CODE_IGNORE]
         count += len(filenames)
         if count > MAX_CODE_FILES:
-            raise StagingError(f"the code dir {code} holds more than {MAX_CODE_FILES} files; "
-                               "put the spec beside your code or pass --code-dir")
+            raise StagingError(
+                f"the code dir {code} holds more than {MAX_CODE_FILES} files; "
+                "put the spec beside your code or pass --code-dir"
+            )
 
 
 class JobRunner:
-    def __init__(self, plan: JobPlan, catalog: Catalog, out: TextIO | None = None,
-                 err: TextIO | None = None) -> None:
+    def __init__(
+        self, plan: JobPlan, catalog: Catalog, out: TextIO | None = None, err: TextIO | None = None
+    ) -> None:
         self.plan = plan
         self.catalog = catalog
         self.out = out or sys.stdout
@@ -86,8 +89,10 @@ class JobRunner:
 
     def run(self) -> int:
         """Run the job to a terminal state and return the agent's exit code."""
-        with tempfile.NamedTemporaryFile("w+", prefix="bt-agent-", suffix=".log") as log_file, \
-                self.relay:
+        with (
+            tempfile.NamedTemporaryFile("w+", prefix="bt-agent-", suffix=".log") as log_file,
+            self.relay,
+        ):
             self.log.copy = log_file
             self.relay.target = self._forward
             outcome = self._phases(log_file)
@@ -97,11 +102,21 @@ class JobRunner:
 
     def _phases(self, log_file: IO[str]) -> Outcome:
         ctx, job = self.plan.context, self.plan.spec.job
-        self.catalog.create_job(JobRecord(ctx.job_id, ctx.project, job.name, now_iso(),
-                                          job.compute.node_count, {"training_job": self.plan.spec.wire}))
+        self.catalog.create_job(
+            JobRecord(
+                ctx.job_id,
+                ctx.project,
+                job.name,
+                now_iso(),
+                job.compute.node_count,
+                {"training_job": self.plan.spec.wire},
+            )
+        )
         self._enter(JobStatus.CREATED)
-        self.log.info(f"job {ctx.job_id} (project {ctx.project}), node {ctx.node_rank} of "
-                      f"{ctx.group_size}, store {ctx.store_url}")
+        self.log.info(
+            f"job {ctx.job_id} (project {ctx.project}), node {ctx.node_rank} of "
+            f"{ctx.group_size}, store {ctx.store_url}"
+        )
         for warning in ctx.warnings:
             self.log.warning(warning)
         self._enter(JobStatus.DEPLOYING)
@@ -123,7 +138,9 @@ class JobRunner:
         self.node.error = outcome.reason
         self._clear_scratch()
         self._enter(outcome.status)
-        summary = f"job {self.plan.context.job_id} {outcome.status.short} (exit {outcome.exit_code})"
+        summary = (
+            f"job {self.plan.context.job_id} {outcome.status.short} (exit {outcome.exit_code})"
+        )
         self.log.info(summary + (f": {outcome.reason}" if outcome.reason else ""))
 
     # --- DEPLOYING -------------------------------------------------------------------------
@@ -135,8 +152,9 @@ class JobRunner:
                 path.mkdir(parents=True, exist_ok=True)
             self._copy_code(dirs.working)
         except OSError as exc:
-            raise StagingError(f"cannot prepare {exc.filename or 'the job directories'}: "
-                               f"{exc.strerror or exc}") from exc
+            raise StagingError(
+                f"cannot prepare {exc.filename or 'the job directories'}: {exc.strerror or exc}"
+            ) from exc
 
     def _copy_code(self, working: Path) -> None:
         """Put the user's code in the working dir, as the platform extracts it there."""
@@ -197,8 +215,10 @@ class JobRunner:
             if code is not None:
                 return code
             if time.monotonic() >= deadline:
-                self.log.warning(f"start command still running {self.plan.context.grace_period:g} s "
-                                 "after the stop signal: sending SIGKILL")
+                self.log.warning(
+                    f"start command still running {self.plan.context.grace_period:g} s "
+                    "after the stop signal: sending SIGKILL"
+                )
                 child.signal_group(signal.SIGKILL)
                 return child.process.wait()
 
@@ -216,8 +236,11 @@ class JobRunner:
     def _stopped_outcome(self) -> Outcome:
         number = self.relay.stop_signal or signal.SIGTERM
         elapsed = time.monotonic() - (self.relay.stop_time or time.monotonic())
-        return Outcome(JobStatus.STOPPED, 128 + number,
-                       f"stopped by {signal_name(number)} after {elapsed:.1f} s")
+        return Outcome(
+            JobStatus.STOPPED,
+            128 + number,
+            f"stopped by {signal_name(number)} after {elapsed:.1f} s",
+        )
 
     # --- shutdown --------------------------------------------------------------------------
 

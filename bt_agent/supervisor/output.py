@@ -20,8 +20,9 @@ class OutputPump:
         self._threads: list[threading.Thread] = []
 
     def attach(self, source: BinaryIO, sink: TextIO) -> None:
-        thread = threading.Thread(target=self._pump, args=(source, sink), daemon=True,
-                                  name="bt-agent-output")
+        thread = threading.Thread(
+            target=self._pump, args=(source, sink), daemon=True, name="bt-agent-output"
+        )
         thread.start()
         self._threads.append(thread)
 

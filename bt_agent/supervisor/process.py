@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
 
 def exit_status(returncode: int) -> int:
     """A shell-style status: the code itself, or ``128 + N`` for death by signal N."""
@@ -41,8 +43,13 @@ class Child:
     @classmethod
     def spawn(cls, command: str, env: dict[str, str], cwd: Path) -> Child:
         process = subprocess.Popen(
-            ["/bin/sh", "-c", command], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            ["/bin/sh", "-c", command],
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
         return cls(process)
 
@@ -52,10 +59,8 @@ class Child:
 
     def signal_group(self, number: int) -> None:
         """Send a signal to the whole process group; a group already gone is not an error."""
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, number)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def poll(self) -> int | None:
         return self.process.poll()

@@ -11,8 +11,14 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
-             signal.SIGUSR1, signal.SIGUSR2)
+FORWARDED = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
 STOPPING = (signal.SIGTERM, signal.SIGINT)
 
 Handler = Callable[[int, FrameType | None], object] | int | None

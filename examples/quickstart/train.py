@@ -17,8 +17,10 @@ LEARNING_RATE = 0.05
 
 def latest_loaded_checkpoint():
     loaded = Path(os.environ.get("BT_LOAD_CHECKPOINT_DIR", "/nonexistent"))
-    found = sorted(loaded.glob("rank-*/checkpoint-*/state.json"),
-                   key=lambda p: int(p.parent.name.split("-")[1]))
+    found = sorted(
+        loaded.glob("rank-*/checkpoint-*/state.json"),
+        key=lambda p: int(p.parent.name.split("-")[1]),
+    )
     return found[-1] if found else None
 
 
@@ -32,9 +34,12 @@ def save(state, step):
 
 
 def main():
-    print(f"job {os.environ['BT_TRAINING_JOB_ID']} in project "
-          f"{os.environ['BT_TRAINING_PROJECT_NAME']}, node {os.environ['BT_NODE_RANK']} of "
-          f"{os.environ['BT_GROUP_SIZE']}, {os.environ['BT_NUM_GPUS']} GPU(s)", flush=True)
+    print(
+        f"job {os.environ['BT_TRAINING_JOB_ID']} in project "
+        f"{os.environ['BT_TRAINING_PROJECT_NAME']}, node {os.environ['BT_NODE_RANK']} of "
+        f"{os.environ['BT_GROUP_SIZE']}, {os.environ['BT_NUM_GPUS']} GPU(s)",
+        flush=True,
+    )
     state = {"step": 0, "w": 0.0, "b": 0.0}
     resume = latest_loaded_checkpoint()
     if resume is not None:

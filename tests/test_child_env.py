@@ -1,0 +1,189 @@
+"""What start_commands see (DESIGN.md §4), and that secret values never leave the child."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from conftest import Agent, job_with
+
+BT_VARIABLES = [
+    "BT_TRAINING_JOB_ID",
+    "BT_TRAINING_PROJECT_ID",
+    "BT_TRAINING_JOB_NAME",
+    "BT_TRAINING_PROJECT_NAME",
+    "BT_NUM_GPUS",
+    "BT_WORKING_DIR",
+    "BT_SCRATCH_DIR",
+    "BT_CHECKPOINT_DIR",
+    "BT_LOAD_CHECKPOINT_DIR",
+    "BT_PROJECT_CACHE_DIR",
+    "BT_TEAM_CACHE_DIR",
+    "BT_RW_CACHE_DIR",
+    "BT_RETRY_COUNT",
+    "BT_GROUP_SIZE",
+    "BT_LEADER_ADDR",
+    "BT_NODE_RANK",
+]
+PATH_VARIABLES = [v for v in BT_VARIABLES if v.endswith("_DIR")]
+DUMP = 'python -c \'import json,os; json.dump(dict(os.environ), open("{out}", "w"))\''
+SECRET = "hf_sEcReT-value-123"
+
+
+def _child_env(
+    agent: Agent, *extra: str, env: dict[str, str] | None = None, **runtime: Any
+) -> dict[str, str]:
+    out = agent.root / "env.json"
+    result = agent.run_job(
+        job_with(start_commands=[DUMP.format(out=out)], **runtime), *extra, env=env
+    )
+    assert result.code == 0, result.text
+    data: dict[str, str] = json.loads(out.read_text())
+    return data
+
+
+def test_every_bt_variable_with_a_real_directory(agent: Agent) -> None:
+    env = _child_env(agent, "--project", "proj", "--job-id", "job1234", "--num-gpus", "0")
+    for name in BT_VARIABLES:
+        assert name in env, name
+    for name in PATH_VARIABLES:
+        path = Path(env[name])
+        assert path.is_dir(), name
+        assert path.is_relative_to(agent.node_root), name
+    assert env["BT_TRAINING_JOB_ID"] == "job1234"
+    assert env["BT_TRAINING_PROJECT_NAME"] == "proj"
+    assert len(env["BT_TRAINING_PROJECT_ID"]) == 7
+    assert env["BT_CHECKPOINT_DIR"] == str(agent.node_root / "mnt" / "ckpts")
+    assert env["BT_LOAD_CHECKPOINT_DIR"] == str(agent.node_root / "tmp" / "loaded_checkpoints")
+    assert (env["BT_NODE_RANK"], env["BT_GROUP_SIZE"], env["BT_LEADER_ADDR"]) == (
+        "0",
+        "1",
+        "127.0.0.1",
+    )
+    assert env["BT_NUM_GPUS"] == "0" and env["BT_RETRY_COUNT"] == "0"
+
+
+def test_torchrun_variables(agent: Agent) -> None:
+    env = _child_env(
+        agent,
+        "--node-rank",
+        "1",
+        "--group-size",
+        "2",
+        "--leader-addr",
+        "10.1.2.3",
+        "--num-gpus",
+        "4",
+    )
+    assert {k: env[k] for k in env if k.startswith("PET_")} == {
+        "PET_NNODES": "2",
+        "PET_NODE_RANK": "1",
+        "PET_NPROC_PER_NODE": "4",
+        "PET_MASTER_ADDR": "10.1.2.3",
+        "PET_MASTER_PORT": "29500",
+    }
+    assert env["BT_LEADER_ADDR"] == "10.1.2.3" and env["BT_NODE_RANK"] == "1"
+
+
+def test_cpu_node_runs_one_process(agent: Agent) -> None:
+    env = _child_env(agent, "--num-gpus", "0")
+    assert env["PET_NPROC_PER_NODE"] == "1"
+
+
+def test_hf_home_with_the_cache(agent: Agent) -> None:
+    env = _child_env(agent, cache_config={"enabled": True})
+    assert env["HF_HOME"] == str(agent.node_root / "root/.cache/user_artifacts/huggingface")
+    assert Path(env["HF_HOME"]).is_dir()
+    legacy = _child_env(agent, enable_cache=True)
+    assert legacy["HF_HOME"] == str(agent.node_root / "root/.cache/huggingface")
+
+
+def test_no_hf_home_without_the_cache(agent: Agent) -> None:
+    env = _child_env(agent, env={"HF_HOME": "/inherited/hf"})
+    assert env["HF_HOME"] == "/inherited/hf", "the agent leaves HF_HOME alone without the cache"
+
+
+def test_user_variables_and_precedence(agent: Agent) -> None:
+    env = _child_env(
+        agent, environment_variables={"LR": "0.1", "PET_MASTER_PORT": "29400", "BT_NODE_RANK": "9"}
+    )
+    assert env["LR"] == "0.1"
+    assert env["PET_MASTER_PORT"] == "29400", "users may change torchrun's defaults"
+    assert env["BT_NODE_RANK"] == "0", "platform variables cannot be overridden"
+
+
+def test_agent_inputs_are_not_passed_to_the_child(agent: Agent) -> None:
+    env = _child_env(agent, env={"BT_GRACE_PERIOD_SECONDS": "12"})
+    assert "BT_GRACE_PERIOD_SECONDS" not in env and "BT_STORE_URL" not in env
+
+
+def _everything_produced(agent: Agent, *texts: str) -> str:
+    parts = list(texts)
+    for path in agent.store.rglob("*"):
+        if path.is_file():
+            parts.append(path.read_text(errors="replace"))
+    return "\n".join(parts)
+
+
+def test_secret_reaches_the_child_and_nothing_else(agent: Agent) -> None:
+    agent.secret("hf_access_token", SECRET)
+    out = agent.root / "env.json"
+    runtime = {
+        "environment_variables": {"HF_TOKEN": {"name": "hf_access_token"}},
+        "start_commands": [
+            DUMP.format(out=out),
+            "echo token=$HF_TOKEN",
+            "echo $HF_TOKEN >&2",
+            "exit 3",
+        ],
+    }
+    spec = agent.spec(job_with(**runtime))
+    run = agent("run", str(spec), *agent.context_args())
+    assert run.code == 3
+    assert json.loads(out.read_text())["HF_TOKEN"] == SECRET
+    assert "token=***" in run.out
+    env = agent("env", str(spec), *agent.context_args())
+    assert "export HF_TOKEN='***'" in env.out
+    validate = agent("validate", str(spec), *agent.context_args())
+    view = agent("jobs", "view", agent.only_job_id(), "--store", str(agent.store), "-o", "json")
+    produced = _everything_produced(
+        agent, run.out, run.err, env.out, env.err, validate.out, view.out
+    )
+    assert "hf_access_token" in produced  # the reference is kept...
+    assert SECRET not in produced  # ...the value never
+
+
+def test_secret_trailing_newline_is_stripped(agent: Agent) -> None:
+    agent.secret("tok", "value")  # written with a trailing newline
+    out = agent.root / "env.json"
+    runtime = {
+        "environment_variables": {"T": {"name": "tok"}},
+        "start_commands": [DUMP.format(out=out)],
+    }
+    assert agent.run_job(job_with(**runtime)).code == 0
+    assert json.loads(out.read_text())["T"] == "value"
+
+
+def test_weights_secret_must_exist(agent: Agent) -> None:
+    spec = {
+        "image": {"base_image": "x"},
+        "weights": [{"source": "hf://a/b", "mount_location": "/m", "auth_secret_name": "hf_tok"}],
+    }
+    result = agent("validate", str(agent.spec(spec)), *agent.context_args())
+    assert result.code == 2 and "weights[0].auth_secret_name: secret 'hf_tok'" in result.err
+
+
+def test_env_command_prints_exports(agent: Agent) -> None:
+    result = agent(
+        "env",
+        str(agent.spec(job_with(environment_variables={"A": "b c"}))),
+        *agent.context_args(),
+        "--job-id",
+        "abc1234",
+    )
+    assert result.code == 0
+    lines = result.out.splitlines()
+    assert "export A='b c'" in lines and "export BT_TRAINING_JOB_ID=abc1234" in lines
+    assert all(line.startswith("export ") for line in lines)
+    assert not agent.node_root.exists(), "env creates nothing"

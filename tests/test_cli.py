@@ -1,0 +1,195 @@
+"""The CLI through a real subprocess: validate, env, run, jobs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+from conftest import Agent, job_with
+from spec_cases import INVALID, job
+
+
+def test_validate_reports_three_mistakes_with_paths(agent: Agent) -> None:
+    spec = agent.spec(
+        job(
+            compute={"node_count": "2"},
+            runtime={"start_commands": "python x.py"},
+            weights=[{"source": "hf://a/b", "mount_location": "models"}],
+        )
+    )
+    result = agent("validate", str(spec), *agent.context_args())
+    assert result.code == 2
+    for path in ("compute.node_count", "runtime.start_commands", "weights[0].mount_location"):
+        assert f"  - {path}: " in result.err
+    assert "(3 problems)" in result.err
+
+
+def test_validate_json_output(agent: Agent) -> None:
+    spec = agent.spec(job(priority="high"))
+    result = agent("validate", str(spec), "-o", "json", "--skip-secrets")
+    assert result.code == 2
+    data = json.loads(result.out)
+    assert data["valid"] is False and data["problems"][0]["path"] == "priority"
+
+
+def test_validate_ok(agent: Agent) -> None:
+    result = agent("validate", str(agent.spec(job())), "--skip-secrets")
+    assert result.code == 0 and "valid" in result.out
+
+
+@pytest.mark.parametrize("name", sorted(INVALID))
+def test_invalid_spec_creates_nothing(agent: Agent, name: str) -> None:
+    data, path = INVALID[name]
+    result = agent.run_job(data)
+    assert result.code == 2, result.text
+    assert f"  - {path}: " in result.err
+    assert not agent.node_root.exists() and not agent.store.exists()
+
+
+def test_run_success_records_completed(agent: Agent) -> None:
+    result = agent.run_job(job_with(start_commands=["echo one", "echo two >&2"]))
+    assert result.code == 0, result.text
+    assert result.out == "one\n" and "two\n" in result.err
+    view = agent.job_view(agent.only_job_id())
+    assert view["status"] == "TRAINING_JOB_COMPLETED"
+    node = view["nodes"][0]
+    assert [h["status"] for h in node["history"]] == [
+        "TRAINING_JOB_CREATED",
+        "TRAINING_JOB_DEPLOYING",
+        "TRAINING_JOB_RUNNING",
+        "TRAINING_JOB_COMPLETED",
+    ]
+    assert node["exit_code"] == 0 and node["error"] is None
+    assert [c["exit_code"] for c in node["commands"]] == [0, 0]
+
+
+def test_run_passes_through_the_failing_exit_code(agent: Agent) -> None:
+    result = agent.run_job(job_with(start_commands=["true", "exit 7", "echo never"]))
+    assert result.code == 7
+    assert "never" not in result.out
+    node = agent.job_view(agent.only_job_id())["nodes"][0]
+    assert node["status"] == "TRAINING_JOB_FAILED" and node["exit_code"] == 7
+    assert node["error"] == "start_commands[1] 'exit 7' exited with code 7"
+
+
+def test_run_command_not_found_is_127(agent: Agent) -> None:
+    result = agent.run_job(job_with(start_commands=["no-such-program-xyz"]))
+    assert result.code == 127
+    node = agent.job_view(agent.only_job_id())["nodes"][0]
+    assert "was not found (exit 127)" in node["error"]
+
+
+def test_run_command_not_executable_is_126(agent: Agent) -> None:
+    script = agent.root / "code" / "script.sh"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o644)
+    result = agent.run_job(job_with(start_commands=["./script.sh"]))
+    assert result.code == 126
+
+
+def test_run_killed_by_signal_is_128_plus_n(agent: Agent) -> None:
+    result = agent.run_job(job_with(start_commands=["kill -KILL $$"]))
+    assert result.code == 137
+    node = agent.job_view(agent.only_job_id())["nodes"][0]
+    assert "killed by SIGKILL" in node["error"]
+
+
+def test_run_missing_secret_is_a_spec_error(agent: Agent) -> None:
+    result = agent.run_job(job_with(environment_variables={"HF_TOKEN": {"name": "hf_tok"}}))
+    assert result.code == 2
+    assert "runtime.environment_variables.HF_TOKEN: secret 'hf_tok' not found" in result.err
+    assert not agent.store.exists()
+
+
+def test_run_copies_the_code_dir_into_the_working_dir(agent: Agent) -> None:
+    (agent.root / "code").mkdir(parents=True)
+    (agent.root / "code" / "train.py").write_text("print('trained')\n")
+    result = agent.run_job(job_with(start_commands=["python train.py", "pwd"]))
+    assert result.code == 0, result.text
+    assert result.out.splitlines() == ["trained", str(agent.node_root / "b10" / "workspace")]
+
+
+def test_run_from_stdin_and_job_spec_variable(agent: Agent) -> None:
+    text = json.dumps({"training_job": job_with(start_commands=["echo stdin"])})
+    result = agent("run", "-", *agent.context_args(), stdin=text)
+    assert result.code == 0 and result.out == "stdin\n"
+    spec = agent.spec(job_with(start_commands=["echo env"]), name="other.json")
+    result = agent("run", *agent.context_args(), env={"BT_JOB_SPEC": str(spec)})
+    assert result.code == 0 and result.out == "env\n"
+
+
+def test_run_without_spec_is_a_usage_error(agent: Agent) -> None:
+    result = agent("run", *agent.context_args())
+    assert result.code == 2 and "BT_JOB_SPEC" in result.err
+
+
+def test_bad_node_context_lists_every_problem(agent: Agent) -> None:
+    result = agent(
+        "run",
+        str(agent.spec(job())),
+        *agent.context_args(),
+        "--node-rank",
+        "3",
+        "--grace-period",
+        "soon",
+        "--job-id",
+        "../x",
+    )
+    assert result.code == 2
+    for where in ("--node-rank", "--grace-period", "--job-id"):
+        assert f"  - {where}: " in result.err
+    assert not agent.store.exists()
+
+
+def test_multinode_needs_a_leader(agent: Agent) -> None:
+    result = agent("run", str(agent.spec(job(compute={"node_count": 2}))), *agent.context_args())
+    assert result.code == 2 and "--leader-addr" in result.err
+
+
+def test_jobs_list_and_view_formats(agent: Agent) -> None:
+    for name in ("first", "second"):
+        spec = job(name=name, runtime={"start_commands": ["true"]})
+        assert agent.run_job(spec, "--project", "proj").code == 0
+    listing = agent("jobs", "list", "--store", str(agent.store), "-o", "csv")
+    rows = list(csv.DictReader(io.StringIO(listing.out)))
+    assert [r["name"] for r in rows] == ["second", "first"]
+    assert {r["status"] for r in rows} == {"COMPLETED"} and {r["project"] for r in rows} == {"proj"}
+    table = agent("jobs", "list", "--store", str(agent.store))
+    assert table.out.splitlines()[0].split()[:3] == ["JOB", "ID", "PROJECT"]
+    data = json.loads(agent("jobs", "list", "--store", str(agent.store), "-o", "json").out)
+    view = agent("jobs", "view", data[0]["job_id"], "--store", str(agent.store))
+    assert "COMPLETED" in view.out and "second" in view.out
+
+
+def test_jobs_view_unknown_job(agent: Agent) -> None:
+    result = agent("jobs", "view", "nope123", "--store", str(agent.store))
+    assert result.code == 1 and "no job 'nope123'" in result.err
+
+
+def test_jobs_logs_shows_the_commands_output(agent: Agent) -> None:
+    assert agent.run_job(job_with(start_commands=["echo logged-line"])).code == 0
+    result = agent("jobs", "logs", agent.only_job_id(), "--store", str(agent.store))
+    assert "logged-line" in result.out and "COMPLETED" in result.out
+
+
+def test_store_layout(agent: Agent) -> None:
+    assert (
+        agent.run_job(
+            job_with(start_commands=["true"]), "--project", "p", "--job-id", "abc1234"
+        ).code
+        == 0
+    )
+    base = agent.store / "projects" / "p" / "jobs" / "abc1234"
+    assert json.loads((agent.store / "jobs" / "abc1234.json").read_text()) == {"project": "p"}
+    record = json.loads((base / "job.json").read_text())
+    assert record["node_count"] == 1 and record["spec"]["training_job"]["runtime"]
+    assert (base / "nodes" / "rank-0.json").is_file() and (base / "logs" / "rank-0.log").is_file()
+
+
+def test_help_teaches(agent: Agent) -> None:
+    result = agent("run", "--help")
+    assert result.code == 0
+    assert "BT_NODE_RANK" in result.out and "exit codes" in result.out
