@@ -1,0 +1,79 @@
+"""Helpers shared by the benchmarks: timing child processes and printing result tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass(frozen=True)
+class Sample:
+    seconds: float
+    returncode: int
+
+
+def run_measured(argv: Sequence[str], env: dict[str, str] | None = None) -> Sample:
+    """Wall time of one child process, start to exit."""
+    start = time.perf_counter()
+    returncode = subprocess.call(
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    return Sample(time.perf_counter() - start, returncode)
+
+
+def peak_rss_mib(argv: Sequence[str], env: dict[str, str] | None = None) -> float | None:
+    """Peak RSS of a command, measured by GNU time (a fork of this Python process would report
+    this process's size instead). None where /usr/bin/time is missing."""
+    if not Path("/usr/bin/time").exists():
+        return None
+    done = subprocess.run(
+        ["/usr/bin/time", "-f", "%M", *argv], env=env, capture_output=True, text=True, check=False
+    )
+    return round(int(done.stderr.strip().splitlines()[-1]) / 1024, 1)
+
+
+def summarize(samples: list[Sample]) -> dict[str, float]:
+    times = sorted(s.seconds for s in samples)
+    return {
+        "runs": len(samples),
+        "median_ms": round(statistics.median(times) * 1000, 1),
+        "p90_ms": round(times[int(0.9 * (len(times) - 1))] * 1000, 1),
+        "min_ms": round(times[0] * 1000, 1),
+    }
+
+
+def table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
+    cells = [[str(row.get(c, "")) for c in columns] for row in rows]
+    widths = [max(len(x) for x in col) for col in zip(columns, *cells, strict=False)]
+    lines = [
+        " | ".join(v.ljust(w) for v, w in zip(line, widths, strict=False))
+        for line in [columns, *cells]
+    ]
+    lines.insert(1, "-|-".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def write_json(name: str, payload: dict[str, Any]) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    payload = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **payload,
+    }
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
