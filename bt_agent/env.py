@@ -19,6 +19,11 @@ from bt_agent.spec.checks import SCRATCH_DIR, WORKING_DIR
 from bt_agent.spec.models import SecretReference, TrainingJob
 
 MASTER_PORT = 29500
+#: Signals torchrun passes on to its workers: all that the agent forwards.
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+#: Seconds of the grace period kept back from torchrun's own worker shutdown timeout, so that
+#: torchrun is done before the agent's SIGKILL and the agent's shutdown steps still fit.
+TORCHRUN_SHUTDOWN_MARGIN = 3
 #: Inputs of the agent itself that the platform would not show the user's commands.
 PRIVATE_INPUTS = frozenset(
     {
@@ -119,6 +124,11 @@ def platform_variables(job: TrainingJob, context: NodeContext, dirs: JobDirs) ->
     }
 
 
+def torchrun_shutdown_timeout(grace_period: float) -> int:
+    """torchrun's SIGTERM-to-SIGKILL wait for its workers, inside the agent's grace period."""
+    return max(1, int(grace_period) - TORCHRUN_SHUTDOWN_MARGIN)
+
+
 def launcher_defaults(context: NodeContext, dirs: JobDirs) -> dict[str, str]:
     """torchrun's ``PET_*`` inputs, so a bare ``torchrun train.py`` is right on every node."""
     values = {
@@ -127,6 +137,8 @@ def launcher_defaults(context: NodeContext, dirs: JobDirs) -> dict[str, str]:
         "PET_NPROC_PER_NODE": str(max(context.num_gpus, 1)),
         "PET_MASTER_ADDR": context.leader_addr,
         "PET_MASTER_PORT": str(MASTER_PORT),
+        "PET_SIGNALS_TO_HANDLE": TORCHRUN_SIGNALS,
+        "PET_SHUTDOWN_TIMEOUT": str(torchrun_shutdown_timeout(context.grace_period)),
     }
     if dirs.hf_home is not None:
         values["HF_HOME"] = str(dirs.hf_home)

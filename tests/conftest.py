@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +17,8 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+BIN = Path(__file__).resolve().parent / "bin"
+MARK = "BTTEST_MARK"
 MINIMAL_JOB: dict[str, Any] = {"image": {"base_image": "python:3.11-slim"}}
 
 
@@ -34,6 +39,7 @@ class Agent:
 
     root: Path
     env: dict[str, str] = field(default_factory=dict)
+    mark: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
     def node_root(self) -> Path:
@@ -68,6 +74,11 @@ class Agent:
             str(self.secrets_dir),
         ]
 
+    def full_env(self, env: dict[str, str] | None = None) -> dict[str, str]:
+        full = {k: v for k, v in os.environ.items() if not k.startswith("BT_")}
+        full.update({"HOME": str(self.root / "home"), MARK: self.mark, **self.env, **(env or {})})
+        return full
+
     def __call__(
         self,
         *args: str,
@@ -75,19 +86,36 @@ class Agent:
         stdin: str | None = None,
         env: dict[str, str] | None = None,
     ) -> Result:
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("BT_")}
-        full_env.update({"HOME": str(self.root / "home"), **self.env, **(env or {})})
         done = subprocess.run(
             [sys.executable, "-m", "bt_agent", *args],
             capture_output=True,
             text=True,
             timeout=timeout,
-            env=full_env,
+            env=self.full_env(env),
             input=stdin,
             cwd=self.root,
             check=False,
         )
         return Result(done.returncode, done.stdout, done.stderr)
+
+    def start(
+        self, job: dict[str, Any], *extra: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[str]:
+        """Start ``bt-agent run`` in the background (stdout and stderr to files in root)."""
+        spec = self.spec(job, name=f"job-{uuid.uuid4().hex[:6]}.json")
+        with open(self.root / "agent.out", "a") as out, open(self.root / "agent.err", "a") as err:
+            return subprocess.Popen(
+                [sys.executable, "-m", "bt_agent", "run", str(spec), *self.context_args(), *extra],
+                env=self.full_env(env),
+                cwd=self.root,
+                stdout=out,
+                stderr=err,
+                text=True,
+            )
+
+    def output(self) -> str:
+        names = ("agent.out", "agent.err")
+        return "".join((self.root / n).read_text() for n in names if (self.root / n).exists())
 
     def run_job(self, job: dict[str, Any], *extra: str, **kwargs: Any) -> Result:
         return self("run", str(self.spec(job)), *self.context_args(), *extra, **kwargs)
@@ -104,9 +132,71 @@ class Agent:
         return ids[0]
 
 
+def marked_processes(mark: str) -> list[int]:
+    """Living processes (zombies excluded) whose environment carries ``mark``."""
+    found = []
+    needle = f"{MARK}={mark}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle not in (entry / "environ").read_bytes():
+                continue
+            state = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if state[state.rindex(")") + 2 :].split()[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def process_tree(pids: list[int]) -> str:
+    lines = []
+    for pid in pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            cmd = "?"
+        lines.append(f"{pid}: {cmd}")
+    return "\n".join(lines)
+
+
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[Agent]:
-    yield Agent(tmp_path)
+    """An isolated agent; afterwards no process it started may still be alive."""
+    instance = Agent(tmp_path)
+    yield instance
+    deadline = time.monotonic() + 5
+    while (left := marked_processes(instance.mark)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:  # do not let one leak break the tests after this one
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not left, "processes survived the test:\n" + process_tree(left)
+
+
+def wait_for(predicate: Any, timeout: float = 30, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def finish(process: subprocess.Popen[str], timeout: float, agent: Agent) -> int:
+    """Wait for a background agent; on a hang, fail with its process tree, never wait forever."""
+    try:
+        return process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        tree = process_tree(marked_processes(agent.mark))
+        process.kill()
+        process.wait()
+        raise AssertionError(
+            f"agent still running after {timeout} s:\n{tree}\n{agent.output()}"
+        ) from None
 
 
 def job_with(**runtime: Any) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, TextIO
@@ -13,13 +14,16 @@ from bt_agent.catalog import Catalog, JobView
 from bt_agent.cli.output import render
 from bt_agent.context import ContextInputs, NodeContext, resolve
 from bt_agent.env import build
-from bt_agent.errors import SpecError, UsageError
+from bt_agent.errors import RecordNotFoundError, SpecError, UsageError
 from bt_agent.secrets import Secrets
 from bt_agent.secrets import resolve as resolve_secrets
 from bt_agent.settings import CONFIG_PYTHON_VARIABLE, SPEC_VARIABLE, Environ
 from bt_agent.spec.loader import load
 from bt_agent.storage import open_store
 from bt_agent.supervisor.job import JobPlan, JobRunner
+
+
+FOLLOW_INTERVAL_SECONDS = 0.5
 
 
 def _plan(args: argparse.Namespace, environ: Environ, check_secrets: bool = True) -> JobPlan:
@@ -112,10 +116,32 @@ def jobs(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return 0
     if args.jobs_command == "view":
         return _view(catalog.view(args.job_id), args.output, out)
-    project = catalog.project_of(args.job_id)
-    data = catalog.read_log(project, args.job_id, args.node)
-    out.write(data.decode("utf-8", errors="replace"))
-    return 0
+    return _logs(catalog, args.job_id, args.node, args.follow, out)
+
+
+def _logs(catalog: Catalog, job_id: str, rank: int, follow: bool, out: TextIO) -> int:
+    """Print a node's saved log; with ``follow``, keep printing until the node has ended."""
+    project = catalog.project_of(job_id)
+    shown = 0
+    while True:
+        ended = not follow or _node_ended(catalog, job_id, rank)
+        try:
+            data = catalog.read_log(project, job_id, rank)
+        except RecordNotFoundError:
+            if not follow:
+                raise RecordNotFoundError(f"node {rank} of job {job_id} has no saved log") from None
+            data = b""
+        out.write(data[shown:].decode("utf-8", errors="replace"))
+        out.flush()
+        shown = max(shown, len(data))
+        if ended:
+            return 0
+        time.sleep(FOLLOW_INTERVAL_SECONDS)
+
+
+def _node_ended(catalog: Catalog, job_id: str, rank: int) -> bool:
+    nodes = {node.node_rank: node for node in catalog.view(job_id).nodes}
+    return rank in nodes and nodes[rank].status.terminal
 
 
 def _job_row(view: JobView) -> dict[str, Any]:

@@ -127,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     logs = jobs_commands.add_parser("logs", help="a node's saved output")
     logs.add_argument("job_id")
     logs.add_argument("--node", type=int, default=0, help="node rank (default 0)")
+    logs.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep printing new output until the node's job ends",
+    )
     _add_store(logs)
     return parser
 

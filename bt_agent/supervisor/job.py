@@ -1,7 +1,9 @@
 """A job on one node, phase by phase: CREATED -> DEPLOYING -> RUNNING -> terminal.
 
-Every transition is written to the node record in the store as it happens, with the precise
-reason for the end. The exit code follows DESIGN.md §5.
+The agent is PID 1 (or a child subreaper): it reaps every process, forwards signals, and on a stop
+signal gives the commands the grace period, SIGKILLs whatever is left, and still writes its
+records before the platform's own SIGKILL. Every transition is written to the node record as it
+happens, with the precise reason for the end; the exit code follows DESIGN.md §5.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TextIO
+from typing import IO, Any, TextIO
 
 from bt_agent.catalog import Catalog
 from bt_agent.context import NodeContext
@@ -25,15 +27,19 @@ from bt_agent.log import AgentLog
 from bt_agent.records import CommandResult, JobRecord, JobStatus, NodeRecord, now_iso
 from bt_agent.secrets import Secrets
 from bt_agent.spec.loader import LoadedSpec
+from bt_agent.supervisor import tree
+from bt_agent.supervisor.logship import LogShipper
 from bt_agent.supervisor.output import OutputPump
 from bt_agent.supervisor.process import Child, describe_exit, exit_status, signal_name
-from bt_agent.supervisor.signals import SignalRelay
+from bt_agent.supervisor.reaper import Reaper, become_subreaper
+from bt_agent.supervisor.signals import STOPPING, SignalRelay
 
 #: Seconds kept from the grace period for the shutdown steps after the commands are gone.
 SHUTDOWN_RESERVE_SECONDS = 2.0
-OUTPUT_DRAIN_SECONDS = 2.0
-#: Never copied from the code directory into the working directory.
+#: How long leftover processes get between SIGTERM and SIGKILL when the job ends normally.
+CLEANUP_SECONDS = 2.0
 MAX_CODE_FILES = 10_000
+#: Never copied from the code directory into the working directory.
 CODE_IGNORE = (".git", "__pycache__", ".venv", "node_modules", ".mypy_cache", ".pytest_cache")
 
 
@@ -57,6 +63,10 @@ class Outcome:
     status: JobStatus
     exit_code: int
     reason: str | None = None
+
+
+class StopRequested(Exception):
+    """A stop signal arrived during a phase that checks for it (DEPLOYING)."""
 
 
 def _check_code_size(code: Path) -> None:
@@ -83,35 +93,40 @@ class JobRunner:
         ctx = plan.context
         self.node = NodeRecord(ctx.job_id, ctx.project, ctx.node_rank, socket.gethostname())
         self.relay = SignalRelay()
+        self.reaper = Reaper()
+        self.killed_after_grace = False
         self._child: Child | None = None
+        self._pumps: list[OutputPump] = []
 
     # --- the phases ------------------------------------------------------------------------
 
     def run(self) -> int:
         """Run the job to a terminal state and return the agent's exit code."""
+        if not become_subreaper():
+            self.log.warning("cannot become a child subreaper: orphans will not be reaped here")
         with (
             tempfile.NamedTemporaryFile("w+", prefix="bt-agent-", suffix=".log") as log_file,
             self.relay,
+            LogShipper(Path(log_file.name), self._upload_log) as shipper,
         ):
             self.log.copy = log_file
-            self.relay.target = self._forward
+            self.relay.forward = self._forward
             outcome = self._phases(log_file)
-            self._finish(outcome)
-            self._upload_log(Path(log_file.name))
+            self._cleanup()
+            self._finish(outcome, shipper)
         return outcome.exit_code
 
     def _phases(self, log_file: IO[str]) -> Outcome:
         ctx, job = self.plan.context, self.plan.spec.job
-        self.catalog.create_job(
-            JobRecord(
-                ctx.job_id,
-                ctx.project,
-                job.name,
-                now_iso(),
-                job.compute.node_count,
-                {"training_job": self.plan.spec.wire},
-            )
+        record = JobRecord(
+            ctx.job_id,
+            ctx.project,
+            job.name,
+            now_iso(),
+            job.compute.node_count,
+            {"training_job": self.plan.spec.wire},
         )
+        self.catalog.create_job(record)
         self._enter(JobStatus.CREATED)
         self.log.info(
             f"job {ctx.job_id} (project {ctx.project}), node {ctx.node_rank} of "
@@ -124,6 +139,8 @@ class JobRunner:
             self._deploy()
         except StagingError as exc:
             return Outcome(JobStatus.DEPLOY_FAILED, exc.exit_code, str(exc))
+        except StopRequested:
+            return self._stopped_outcome()
         if self.relay.stopping:
             return self._stopped_outcome()
         self._enter(JobStatus.RUNNING)
@@ -133,15 +150,18 @@ class JobRunner:
         self.node.transition(status)
         self.catalog.write_node(self.node)
 
-    def _finish(self, outcome: Outcome) -> None:
+    def _finish(self, outcome: Outcome, shipper: LogShipper) -> None:
+        """Record the end. The log is complete in the store before the terminal status is, so
+        whoever sees the status (``jobs logs --follow``) can read the whole log."""
         self.node.exit_code = outcome.exit_code
         self.node.error = outcome.reason
         self._clear_scratch()
-        self._enter(outcome.status)
         summary = (
             f"job {self.plan.context.job_id} {outcome.status.short} (exit {outcome.exit_code})"
         )
         self.log.info(summary + (f": {outcome.reason}" if outcome.reason else ""))
+        shipper.ship()
+        self._enter(outcome.status)
 
     # --- DEPLOYING -------------------------------------------------------------------------
 
@@ -169,7 +189,14 @@ class JobRunner:
         def ignore(directory: str, names: list[str]) -> list[str]:
             return [n for n in names if n in CODE_IGNORE or Path(directory, n).resolve() in skip]
 
-        shutil.copytree(code, working, ignore=ignore, dirs_exist_ok=True, symlinks=True)
+        def copy(source: str, target: str) -> Any:
+            if self.relay.stopping:
+                raise StopRequested
+            return shutil.copy2(source, target)
+
+        shutil.copytree(
+            code, working, ignore=ignore, dirs_exist_ok=True, symlinks=True, copy_function=copy
+        )
 
     # --- RUNNING ---------------------------------------------------------------------------
 
@@ -190,37 +217,51 @@ class JobRunner:
         return Outcome(JobStatus.COMPLETED, 0)
 
     def _run_one(self, command: str, log_file: IO[str]) -> int:
-        pump = OutputPump(log_file, self.plan.secrets.redact)
         try:
             child = Child.spawn(command, self.plan.env.values, self.plan.dirs.working)
         except OSError as exc:
             self.log.error(f"cannot start /bin/sh: {exc.strerror}")
             return 127 if isinstance(exc, FileNotFoundError) else 126
+        self.reaper.watch(child.pid)
         self._child = child
+        pump = OutputPump(log_file, self.plan.secrets.redact)
         assert child.process.stdout is not None and child.process.stderr is not None
         pump.attach(child.process.stdout, self.out)  # type: ignore[arg-type]
         pump.attach(child.process.stderr, self.err)  # type: ignore[arg-type]
-        if self.relay.stopping:  # a stop arrived while it was starting
-            child.signal_group(self.relay.stop_signal or signal.SIGTERM)
-        code = self._wait(child)
-        child.signal_group(signal.SIGKILL)  # nothing of this command outlives it
-        pump.join(OUTPUT_DRAIN_SECONDS)
+        self._pumps.append(pump)
+        if self.relay.stop_signal is not None:  # a stop arrived while it was starting
+            self._forward(self.relay.stop_signal)
+        code = self._wait_for(child)
         self._child = None
         return exit_status(code)
 
-    def _wait(self, child: Child) -> int:
+    def _wait_for(self, child: Child) -> int:
+        """Wait for the command's main process, reaping every child meanwhile."""
         while True:
-            deadline = self._kill_deadline()
-            code = child.wait_until(min(deadline, time.monotonic() + 0.2))
+            self.reaper.reap()
+            code = self.reaper.status_of(child.pid)
             if code is not None:
-                return code
-            if time.monotonic() >= deadline:
-                self.log.warning(
-                    f"start command still running {self.plan.context.grace_period:g} s "
-                    "after the stop signal: sending SIGKILL"
-                )
-                child.signal_group(signal.SIGKILL)
-                return child.process.wait()
+                child.process.returncode = code  # so Popen never waits on a reused pid
+                break
+            self._enforce_deadline()
+            self.relay.wait(min(self._kill_deadline() - time.monotonic(), 1.0))
+        if self.relay.stopping:
+            self._wait_for_every_process()
+        return code
+
+    def _wait_for_every_process(self) -> None:
+        """After a stop, the grace period is for every process, not only the command's main
+        one: a wrapper shell may die at once while the program it started saves its state."""
+        give_up = self._kill_deadline() + SHUTDOWN_RESERVE_SECONDS / 2
+        while tree.living(tree.descendants()) and time.monotonic() < give_up:
+            self._enforce_deadline()
+            self.reaper.reap()
+            self.relay.wait(min(self._kill_deadline() - time.monotonic(), 0.05))
+        self.reaper.reap()
+
+    def _enforce_deadline(self) -> None:
+        if time.monotonic() >= self._kill_deadline() and not self.killed_after_grace:
+            self._kill_everything()
 
     def _kill_deadline(self) -> float:
         if self.relay.stop_time is None:
@@ -228,21 +269,53 @@ class JobRunner:
         budget = max(self.plan.context.grace_period - SHUTDOWN_RESERVE_SECONDS, 0.5)
         return self.relay.stop_time + budget
 
+    def _kill_everything(self) -> None:
+        self.killed_after_grace = True
+        self.log.warning(
+            "processes still running at the end of the "
+            f"{self.plan.context.grace_period:g} s grace period: sending SIGKILL"
+        )
+        if self._child is not None:
+            self._child.signal_group(signal.SIGKILL)
+        tree.signal_all(tree.descendants(), signal.SIGKILL)
+
     def _forward(self, number: int) -> None:
+        """Pass a signal on: to the command's process group, and for a stop signal to every
+        descendant too (torchrun's workers live in sessions of their own)."""
         child = self._child
         if child is not None:
             child.signal_group(number)
+        if number in STOPPING:
+            tree.signal_all(tree.descendants(), number)
 
     def _stopped_outcome(self) -> Outcome:
         number = self.relay.stop_signal or signal.SIGTERM
-        elapsed = time.monotonic() - (self.relay.stop_time or time.monotonic())
-        return Outcome(
-            JobStatus.STOPPED,
-            128 + number,
-            f"stopped by {signal_name(number)} after {elapsed:.1f} s",
-        )
+        name = signal_name(number)
+        if self.killed_after_grace:
+            reason = (
+                f"killed by SIGKILL after the {self.plan.context.grace_period:g} s grace "
+                f"period (stopped by {name})"
+            )
+        else:
+            elapsed = time.monotonic() - (self.relay.stop_time or time.monotonic())
+            reason = f"stopped by {name} after {elapsed:.1f} s"
+        return Outcome(JobStatus.STOPPED, 128 + number, reason)
 
     # --- shutdown --------------------------------------------------------------------------
+
+    def _cleanup(self) -> None:
+        """End whatever the commands left behind, reap it, and drain their output."""
+        if self.relay.stop_time is not None:
+            left = self._kill_deadline() + SHUTDOWN_RESERVE_SECONDS / 2 - time.monotonic()
+            budget = min(CLEANUP_SECONDS, max(left, 0.1))
+        else:
+            budget = CLEANUP_SECONDS
+        killed = tree.terminate_descendants(budget, self.reaper.reap)
+        if killed:
+            self.log.warning(f"killed {len(killed)} leftover process(es) with SIGKILL")
+        self.reaper.reap()
+        for pump in self._pumps:
+            pump.join(1.0)
 
     def _clear_scratch(self) -> None:
         scratch = self.plan.dirs.scratch

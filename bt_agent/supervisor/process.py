@@ -6,7 +6,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +33,12 @@ def describe_exit(status: int) -> str:
     return f"exited with code {status}"
 
 
+#: Run before every start_command in its shell. The shell catches (does not ignore) the signals
+#: that are forwarded but do not stop the job, so it survives them while its children, which
+#: reset caught signals to the default, get them as sent. A stop signal still ends the shell.
+SHELL_PRELUDE = "trap : HUP QUIT USR1 USR2; "
+
+
 @dataclass
 class Child:
     """A running start_command; its process group id equals its pid."""
@@ -43,7 +48,7 @@ class Child:
     @classmethod
     def spawn(cls, command: str, env: dict[str, str], cwd: Path) -> Child:
         process = subprocess.Popen(
-            ["/bin/sh", "-c", command],
+            ["/bin/sh", "-c", SHELL_PRELUDE + command],
             env=env,
             cwd=cwd,
             stdin=subprocess.DEVNULL,
@@ -61,13 +66,3 @@ class Child:
         """Send a signal to the whole process group; a group already gone is not an error."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, number)
-
-    def poll(self) -> int | None:
-        return self.process.poll()
-
-    def wait_until(self, deadline: float) -> int | None:
-        """The return code, or None if the child is still running at ``deadline``."""
-        try:
-            return self.process.wait(timeout=max(deadline - time.monotonic(), 0))
-        except subprocess.TimeoutExpired:
-            return None

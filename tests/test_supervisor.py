@@ -1,0 +1,192 @@
+"""PID-1 duties with real processes and real signals: forwarding, grace period, reaping,
+exit codes, logs and scratch."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import BIN, Agent, finish, job_with, wait_for
+
+PY = sys.executable
+
+
+def _node(agent: Agent) -> dict[str, object]:
+    record = json.loads(next(agent.store.glob("projects/*/jobs/*/nodes/rank-0.json")).read_text())
+    assert isinstance(record, dict)
+    return record
+
+
+def _status(agent: Agent) -> str | None:
+    found = list(agent.store.glob("projects/*/jobs/*/nodes/rank-0.json"))
+    if not found:
+        return None
+    try:
+        return str(json.loads(found[0].read_text())["status"])
+    except (OSError, ValueError):
+        return None
+
+
+@pytest.mark.parametrize(("number", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_stop_signal_while_running(agent: Agent, number: int, code: int) -> None:
+    signals = agent.root / "signals"
+    process = agent.start(
+        job_with(start_commands=[f"{PY} {BIN}/record_signals.py {signals}", "echo never"])
+    )
+    wait_for(signals.exists, what="the command to start")
+    sent = time.monotonic()
+    process.send_signal(number)
+    assert finish(process, 10, agent) == code
+    assert time.monotonic() - sent < 5
+    assert signal.Signals(number).name in signals.read_text()
+    node = _node(agent)
+    assert node["status"] == "TRAINING_JOB_STOPPED" and node["exit_code"] == code
+    assert str(node["error"]).startswith(f"stopped by {signal.Signals(number).name} after ")
+    assert "never" not in agent.output()
+
+
+def test_stop_signal_while_deploying(agent: Agent) -> None:
+    code = agent.root / "code"
+    for i in range(60):
+        (code / f"d{i}").mkdir(parents=True)
+        for j in range(120):
+            (code / f"d{i}" / f"f{j}.py").write_bytes(b"x" * 64)
+    ran = agent.root / "ran"
+    process = agent.start(job_with(start_commands=[f"touch {ran}"]))
+    wait_for(lambda: _status(agent) == "TRAINING_JOB_DEPLOYING", what="DEPLOYING")
+    process.send_signal(signal.SIGTERM)
+    assert finish(process, 10, agent) == 143
+    node = _node(agent)
+    assert node["status"] == "TRAINING_JOB_STOPPED"
+    assert [h["status"] for h in node["history"]][-2:] == [  # type: ignore[attr-defined]
+        "TRAINING_JOB_DEPLOYING",
+        "TRAINING_JOB_STOPPED",
+    ]
+    assert not ran.exists(), "no start_command runs after a stop during staging"
+
+
+def test_child_ignoring_sigterm_is_killed_after_the_grace_period(agent: Agent) -> None:
+    ready = agent.root / "ready"
+    process = agent.start(
+        job_with(start_commands=[f"{PY} {BIN}/ignore_term.py {ready}"]), "--grace-period", "3"
+    )
+    wait_for(ready.exists, what="the command to start")
+    sent = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    assert finish(process, 10, agent) == 143
+    elapsed = time.monotonic() - sent
+    assert elapsed < 3 + 2, f"agent took {elapsed:.1f} s"
+    node = _node(agent)
+    assert node["status"] == "TRAINING_JOB_STOPPED"
+    assert node["error"] == "killed by SIGKILL after the 3 s grace period (stopped by SIGTERM)"
+
+
+@pytest.mark.parametrize("name", ["SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"])
+def test_other_signals_are_forwarded_and_the_job_goes_on(agent: Agent, name: str) -> None:
+    signals = agent.root / "signals"
+    process = agent.start(job_with(start_commands=[f"{PY} {BIN}/record_signals.py {signals} 2"]))
+    wait_for(signals.exists, what="the command to start")
+    process.send_signal(getattr(signal, name))
+    assert finish(process, 15, agent) == 0
+    assert name in signals.read_text()
+    assert _node(agent)["status"] == "TRAINING_JOB_COMPLETED"
+
+
+@pytest.mark.parametrize("code", [0, 1, 3, 42, 255])
+def test_exit_code_passthrough(agent: Agent, code: int) -> None:
+    assert agent.run_job(job_with(start_commands=[f"{PY} {BIN}/exit_with.py {code}"])).code == code
+
+
+def test_orphans_are_reaped_while_the_job_runs(agent: Agent) -> None:
+    counted = agent.root / "zombies"
+    count_zombies = "ps -o stat= --ppid $PPID | grep -c '^Z' || true"
+    script = f"{PY} {BIN}/spawn_orphans.py 200 0.2 && sleep 1.5 && ({count_zombies}) > {counted}"
+    result = agent.run_job(job_with(start_commands=[script]))
+    assert result.code == 0, result.text
+    assert "spawned 200 orphans" in result.out
+    assert counted.read_text().strip() == "0"
+
+
+def test_leftover_background_processes_are_ended(agent: Agent) -> None:
+    ready = agent.root / "ready"
+    command = f"({PY} {BIN}/ignore_term.py {ready} &) ; sleep 0.5"
+    start = time.monotonic()
+    result = agent.run_job(job_with(start_commands=[command]))
+    assert result.code == 0, result.text
+    assert time.monotonic() - start < 10
+    assert "killed 1 leftover process" in result.err
+
+
+def test_logs_are_streamed_and_saved_while_running(agent: Agent) -> None:
+    process = agent.start(job_with(start_commands=[f"{PY} {BIN}/print_continuously.py 80 0.1"]))
+    log = agent.store.glob("projects/*/jobs/*/logs/rank-0.log")
+
+    def saved_lines() -> int:
+        found = list(agent.store.glob("projects/*/jobs/*/logs/rank-0.log"))
+        return found[0].read_text().count("line ") if found else 0
+
+    wait_for(lambda: saved_lines() >= 5, timeout=8, what="the log to reach the store mid-run")
+    assert process.poll() is None, "the log was saved while the job was still running"
+    assert finish(process, 30, agent) == 0
+    assert saved_lines() == 80 and next(log).is_file()
+    out = (agent.root / "agent.out").read_text().splitlines()
+    assert out == [f"line {i}" for i in range(80)]
+
+
+def test_jobs_logs_follow(agent: Agent) -> None:
+    process = agent.start(
+        job_with(start_commands=[f"{PY} {BIN}/print_continuously.py 30 0.1"]), "--job-id", "follow1"
+    )
+    wait_for(lambda: _status(agent) == "TRAINING_JOB_RUNNING", what="RUNNING")
+    result = agent("jobs", "logs", "follow1", "--follow", "--store", str(agent.store))
+    assert finish(process, 30, agent) == 0
+    assert result.code == 0
+    assert [line for line in result.out.splitlines() if line.startswith("line ")] == [
+        f"line {i}" for i in range(30)
+    ]
+
+
+def test_scratch_is_emptied_when_the_job_ends(agent: Agent) -> None:
+    command = 'mkdir -p "$BT_SCRATCH_DIR/a/b" && touch "$BT_SCRATCH_DIR/a/b/f" "$BT_SCRATCH_DIR/g"'
+    assert agent.run_job(job_with(start_commands=[command, "exit 1"])).code == 1
+    scratch = agent.node_root / "mnt" / "bt-scratch"
+    assert scratch.is_dir() and list(scratch.iterdir()) == []
+
+
+def test_agent_is_a_subreaper(agent: Agent) -> None:
+    out = agent.root / "parent"
+    # a grandchild that outlives its parent names its new parent: the agent
+    script = agent.root / "orphan.sh"
+    script.write_text(
+        f"#!/bin/sh\n(sleep 0.3; awk '/^PPid/ {{print $2}}' /proc/self/status > {out}) &\n"
+    )
+    script.chmod(0o755)
+    process = agent.start(job_with(start_commands=[f"{script}; sleep 1"]))
+    assert finish(process, 15, agent) == 0
+    assert int(out.read_text()) == process.pid
+
+
+def test_gpu_mismatch_is_a_warning(agent: Agent) -> None:
+    result = agent.run_job(
+        {
+            "image": {"base_image": "x"},
+            "compute": {"accelerator": "H100:8"},
+            "runtime": {"start_commands": ["true"]},
+        },
+        "--num-gpus",
+        "0",
+    )
+    assert result.code == 0
+    assert "warning: 0 GPU(s) visible but compute.accelerator asks for 8" in result.err
+
+
+def test_record_keeps_every_transition_with_time(agent: Agent) -> None:
+    assert agent.run_job(job_with(start_commands=["true"])).code == 0
+    history = _node(agent)["history"]
+    assert isinstance(history, list) and len(history) == 4
+    assert all(h["at"].endswith("Z") for h in history)
+    assert [h["at"] for h in history] == sorted(h["at"] for h in history)
