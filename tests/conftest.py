@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -170,10 +171,8 @@ def agent(tmp_path: Path) -> Iterator[Agent]:
     while (left := marked_processes(instance.mark)) and time.monotonic() < deadline:
         time.sleep(0.05)
     for pid in left:  # do not let one leak break the tests after this one
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     assert not left, "processes survived the test:\n" + process_tree(left)
 
 

@@ -82,6 +82,8 @@ def test_torchrun_variables(agent: Agent) -> None:
         "PET_NPROC_PER_NODE": "4",
         "PET_MASTER_ADDR": "10.1.2.3",
         "PET_MASTER_PORT": "29500",
+        "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2",
+        "PET_SHUTDOWN_TIMEOUT": "27",
     }
     assert env["BT_LEADER_ADDR"] == "10.1.2.3" and env["BT_NODE_RANK"] == "1"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +136,11 @@ def _replace(data: Any, path: tuple[Any, ...], value: Any) -> Any:
     return copy_
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=int(os.environ.get("BT_PARITY_EXAMPLES", "400")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(st.data())
 def test_mutated_specs_get_the_sdk_verdict(data: st.DataObject) -> None:
     paths = [p for p in _paths(FULL_EXAMPLE)[1:] if p[:2] != ("runtime", "artifacts")]

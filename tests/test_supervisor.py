@@ -7,7 +7,6 @@ import json
 import signal
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from conftest import BIN, Agent, finish, job_with, wait_for

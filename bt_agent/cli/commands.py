@@ -22,7 +22,6 @@ from bt_agent.spec.loader import load
 from bt_agent.storage import open_store
 from bt_agent.supervisor.job import JobPlan, JobRunner
 
-
 FOLLOW_INTERVAL_SECONDS = 0.5
 
 

@@ -87,15 +87,18 @@ def _quote_hint(value: Any) -> str:
     )
 
 
+def _lax_integer(value: Any) -> bool:
+    """What pydantic's lax mode turns into an int: bools, integral floats, digit strings."""
+    if isinstance(value, str):
+        return value.strip().lstrip("-").isdigit()
+    return isinstance(value, bool) or (isinstance(value, float) and value.is_integer())
+
+
 def integer(minimum: int | None = None, lax: bool = False) -> Validator:
     """Strict: a JSON integer only (``"2"`` and ``2.0`` are errors). Lax also takes ``"8"``."""
 
     def check(value: Any, path: str, problems: list[Problem]) -> Any:
-        converted = value
-        if (lax and isinstance(value, str) and value.strip().lstrip("-").isdigit()) or (
-            lax and isinstance(value, float) and value.is_integer()
-        ):
-            converted = int(value)
+        converted = int(value) if lax and _lax_integer(value) else value
         if type(converted) is not int:
             hint = (
                 f"write {value} without quotes"

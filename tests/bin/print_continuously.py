@@ -1,4 +1,7 @@
-"""Print a numbered line every INTERVAL seconds, COUNT times. Usage: print_continuously.py COUNT INTERVAL"""
+"""Print a numbered line every INTERVAL seconds, COUNT times.
+
+Usage: print_continuously.py COUNT INTERVAL
+"""
 
 import sys
 import time
