@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bt_agent.errors import RecordNotFoundError, StoreError
+from bt_agent.errors import NotFoundError, RecordNotFoundError, StoreError
 from bt_agent.records import JobRecord, JobStatus, NodeRecord, aggregate_status
 from bt_agent.storage import ObjectStore
 
@@ -80,7 +80,7 @@ class Catalog:
     def project_of(self, job_id: str) -> str:
         try:
             return str(self._read_json(f"jobs/{job_id}.json")["project"])
-        except RecordNotFoundError:
+        except NotFoundError:
             raise RecordNotFoundError(
                 f"no job {job_id!r} in {self.store.url}; see `bt-agent jobs list`"
             ) from None

@@ -21,6 +21,9 @@ from bt_agent.settings import CONTEXT_VARIABLES, RETRY_COUNT_VARIABLE, Environ
 
 DEFAULT_GRACE_SECONDS = 30.0
 DEFAULT_SECRETS_DIR = "/secrets"
+#: Where a store can live (DESIGN.md §3). ``s3://`` honours AWS_ENDPOINT_URL, ``gs://``
+#: STORAGE_EMULATOR_HOST.
+STORE_SCHEMES = ("file", "s3", "gs")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 
@@ -215,14 +218,9 @@ def _store_url(value: str | None, environ: Environ, problems: list[Problem], whe
         return environ.default_store_url
     if "://" not in value:
         return Path(value).absolute().as_uri()
-    if urlparse(value).scheme != "file":
-        problems.append(
-            Problem(
-                where,
-                f"unsupported store URL {value!r}",
-                "use file:///path (or a plain directory path)",
-            )
-        )
+    if urlparse(value).scheme not in STORE_SCHEMES:
+        hint = "use file:///path (or a directory), s3://bucket/prefix or gs://bucket/prefix"
+        problems.append(Problem(where, f"unsupported store URL {value!r}", hint))
     return value
 
 

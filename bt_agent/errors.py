@@ -5,8 +5,13 @@
     BtAgentError                 exit 1   anything the agent cannot do
     ├── UsageError               exit 2   bad arguments or node context
     ├── SpecError                exit 2   the job spec is invalid (every problem, with field paths)
-    ├── StoreError               exit 1   the store cannot be read or written
-    │   └── RecordNotFoundError  exit 1   a job or record that does not exist
+    ├── StoreError               exit 1   a store or source cannot be read or written
+    │   ├── NotFoundError                 no object there (also a FileNotFoundError)
+    │   │   └── RecordNotFoundError       a job or record that does not exist
+    │   ├── AccessDeniedError             wrong or missing credentials (also a PermissionError)
+    │   ├── TransientStoreError           worth retrying: timeouts, 5xx, connection resets
+    │   ├── IntegrityError                content differs from its size or checksum
+    │   └── UnsafeKeyError                a key that would escape its destination
     ├── StagingError             exit 3   DEPLOY_FAILED: weights or checkpoints could not be staged
     └── DurabilityError          exit 4   checkpoint files not durable before the deadline
 
@@ -61,11 +66,35 @@ class SpecError(BtAgentError):
 
 
 class StoreError(BtAgentError):
-    """The store could not be read or written."""
+    """A store or source could not be read or written. ``uri`` names the object."""
+
+    def __init__(self, message: str, uri: str = "") -> None:
+        super().__init__(message)
+        self.uri = uri
 
 
-class RecordNotFoundError(StoreError):
+class NotFoundError(StoreError, FileNotFoundError):
+    """No object at that key, or no such bucket, repository or revision."""
+
+
+class RecordNotFoundError(NotFoundError):
     """A job, node record or checkpoint that the store does not hold."""
+
+
+class AccessDeniedError(StoreError, PermissionError):
+    """The credentials were refused, or are missing."""
+
+
+class TransientStoreError(StoreError):
+    """A failure worth retrying: a timeout, a 5xx, a dropped connection."""
+
+
+class IntegrityError(StoreError):
+    """What arrived differs from the size or checksum it should have."""
+
+
+class UnsafeKeyError(StoreError):
+    """An object key that would escape its destination (``..``, absolute, NUL)."""
 
 
 class StagingError(BtAgentError):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bt_agent.catalog import Catalog
-from bt_agent.errors import RecordNotFoundError, StoreError
+from bt_agent.errors import NotFoundError, UnsafeKeyError, UsageError
 from bt_agent.records import JobRecord, JobStatus, NodeRecord, aggregate_status
 from bt_agent.storage import FileStore, open_store
 
@@ -33,19 +33,19 @@ def test_if_absent_keeps_the_first(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("key", ["../x", "/etc/passwd", "a/../../x", "a//b", "a/\0b", ""])
 def test_keys_that_escape_are_refused(tmp_path: Path, key: str) -> None:
-    with pytest.raises(StoreError, match="escape"):
+    with pytest.raises(UnsafeKeyError, match="escape"):
         FileStore(tmp_path / "s").write_bytes(key, b"x")
     assert not (tmp_path / "x").exists()
 
 
 def test_missing_object(tmp_path: Path) -> None:
-    with pytest.raises(RecordNotFoundError):
+    with pytest.raises(NotFoundError):
         FileStore(tmp_path).read_bytes("nope")
 
 
 def test_open_store_schemes(tmp_path: Path) -> None:
     assert isinstance(open_store(tmp_path.as_uri()), FileStore)
-    with pytest.raises(StoreError.__mro__[1]):
+    with pytest.raises(UsageError):
         open_store("ftp://host/x")
 
 

@@ -14,7 +14,7 @@ from bt_agent.catalog import Catalog, JobView
 from bt_agent.cli.output import render
 from bt_agent.context import ContextInputs, NodeContext, resolve
 from bt_agent.env import build
-from bt_agent.errors import RecordNotFoundError, SpecError, UsageError
+from bt_agent.errors import NotFoundError, RecordNotFoundError, SpecError, UsageError
 from bt_agent.secrets import Secrets
 from bt_agent.secrets import resolve as resolve_secrets
 from bt_agent.settings import CONFIG_PYTHON_VARIABLE, SPEC_VARIABLE, Environ
@@ -126,7 +126,7 @@ def _logs(catalog: Catalog, job_id: str, rank: int, follow: bool, out: TextIO) -
         ended = not follow or _node_ended(catalog, job_id, rank)
         try:
             data = catalog.read_log(project, job_id, rank)
-        except RecordNotFoundError:
+        except NotFoundError:
             if not follow:
                 raise RecordNotFoundError(f"node {rank} of job {job_id} has no saved log") from None
             data = b""

@@ -1,39 +1,210 @@
-"""The storage interface every backend implements."""
+"""The storage interface: a small core per backend, everything else derived here once.
+
+A backend implements listing, stat, ranged reads, whole-object download into a given file and,
+when writable, upload, small writes and delete; it turns its SDK's errors into the typed errors
+of :mod:`bt_agent.errors` at that boundary. This class adds retries, atomic placement (a
+process-unique ``*.incomplete`` file beside the destination, renamed into place), size and
+checksum verification, and key safety.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import hashlib
+import io
+import os
+import uuid
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO
+
+from bt_agent.errors import IntegrityError, NotFoundError, StoreError
+from bt_agent.storage.keys import check_key, join_key
+from bt_agent.storage.retry import DEFAULT_POLICY, RetryPolicy, retry
+
+CHUNK = 1024 * 1024
 
 
 @dataclass(frozen=True)
 class ObjectInfo:
+    """One object: its key (relative to the store's root), size, version and, when the backend
+    knows it, the sha256 of its content."""
+
     key: str
     size: int
+    version: str | None = None  # etag, generation or commit-pinned blob id
+    sha256: str | None = None
 
 
-class ObjectStore(Protocol):
-    """Keys are ``/``-separated relative paths. Writes are atomic: a reader sees the old object,
-    the whole new object, or nothing; never part of one."""
+@dataclass(frozen=True)
+class UploadResult:
+    key: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """What a backend's download learned on the way: the sha256 the object claims (metadata)
+    and the one computed from the bytes written, when it computed one."""
+
+    claimed_sha256: str | None = None
+    computed_sha256: str | None = None
+
+
+class HashingReader:
+    """Wraps a file: every byte read passes through sha256 once."""
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self.handle = handle
+        self.digest = hashlib.sha256()
+        self.position = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.handle.read(size)
+        self.digest.update(data)
+        self.position += len(data)
+        return data
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        """Only a no-op seek: going back would hash bytes twice (a retry starts anew)."""
+        target = {os.SEEK_SET: offset, os.SEEK_CUR: self.position + offset}.get(whence)
+        if target != self.position:
+            raise io.UnsupportedOperation("a hashing reader reads forward only")
+        return self.position
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class ObjectStore(ABC):
+    """Keys are ``/``-separated paths relative to the store's root (``url``)."""
 
     url: str
+    read_only: bool = False
+    policy: RetryPolicy = DEFAULT_POLICY
+
+    # --- the core, per backend ---------------------------------------------------------------
+
+    @abstractmethod
+    def _list(self, prefix: str) -> list[ObjectInfo]:
+        """Every object whose key starts with ``prefix``."""
+
+    @abstractmethod
+    def _stat(self, key: str) -> ObjectInfo:
+        """The object's info; :class:`NotFoundError` if there is none."""
+
+    @abstractmethod
+    def _read_range(self, key: str, start: int, length: int) -> bytes: ...
+
+    @abstractmethod
+    def _download(self, key: str, target: Path) -> Fetched:
+        """Write the whole object into ``target`` (an empty file that exists)."""
+
+    def _upload(self, path: Path, key: str) -> str:
+        """Store the file's content, sending a checksum the service verifies where it can;
+        return its sha256, computed while reading."""
+        raise self._read_only_error(key)
+
+    def _put(self, key: str, data: bytes, if_absent: bool) -> bool:
+        raise self._read_only_error(key)
+
+    def _delete(self, key: str) -> None:
+        raise self._read_only_error(key)
+
+    # --- derived once -----------------------------------------------------------------------
+
+    def uri(self, key: str = "") -> str:
+        return join_key(self.url.rstrip("/"), key) if key else self.url
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object under ``prefix``, in key order."""
+        found = retry(lambda: self._list(prefix), self.policy)
+        return sorted(found, key=lambda info: info.key)
+
+    def stat(self, key: str) -> ObjectInfo:
+        check_key(key)
+        return retry(lambda: self._stat(key), self.policy)
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.stat(key)
+        except NotFoundError:
+            return False
+        return True
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        check_key(key)
+        if length <= 0:
+            return b""
+        return retry(lambda: self._read_range(key, start, length), self.policy)
 
     def read_bytes(self, key: str) -> bytes:
-        """The object's content; raises ``RecordNotFoundError`` if it does not exist."""
-        ...
+        info = self.stat(key)
+        data = self.read_range(key, 0, info.size)
+        if len(data) != info.size:
+            raise IntegrityError(
+                f"{self.uri(key)}: read {len(data)} of {info.size} bytes", self.uri(key)
+            )
+        return data
+
+    def download(self, key: str, destination: Path, expected: ObjectInfo | None = None) -> Path:
+        """Fetch ``key`` to ``destination`` atomically: a unique ``*.incomplete`` file beside it,
+        verified (size always; sha256 when known), then renamed into place."""
+        check_key(key)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        partial = destination.with_name(
+            f".{destination.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.incomplete"
+        )
+        try:
+            fetched = retry(lambda: self._fetch_into(key, partial), self.policy)
+            self._verify(key, partial, expected, fetched)
+            os.replace(partial, destination)
+        finally:
+            partial.unlink(missing_ok=True)
+        return destination
+
+    def _fetch_into(self, key: str, partial: Path) -> Fetched:
+        partial.write_bytes(b"")  # a retry starts from an empty file
+        return self._download(key, partial)
+
+    def _verify(self, key: str, path: Path, expected: ObjectInfo | None, fetched: Fetched) -> None:
+        size = path.stat().st_size
+        if expected is not None and size != expected.size:
+            raise IntegrityError(
+                f"{self.uri(key)}: got {size} bytes, expected {expected.size}", self.uri(key)
+            )
+        wanted = (expected.sha256 if expected else None) or fetched.claimed_sha256
+        if wanted is None:
+            return
+        actual = fetched.computed_sha256 or sha256_file(path)
+        if actual != wanted:
+            raise IntegrityError(
+                f"{self.uri(key)}: sha256 {actual} does not match {wanted}", self.uri(key)
+            )
+
+    def upload_file(self, path: Path, key: str) -> UploadResult:
+        check_key(key)
+        size = path.stat().st_size
+        digest = retry(lambda: self._upload(path, key), self.policy)
+        return UploadResult(key, size, digest)
 
     def write_bytes(self, key: str, data: bytes, *, if_absent: bool = False) -> bool:
-        """Store ``data``; with ``if_absent``, only if no object is there. True if written."""
-        ...
+        """Store ``data``; with ``if_absent`` only where no object is (True if written)."""
+        check_key(key)
+        return retry(lambda: self._put(key, data, if_absent), self.policy)
 
-    def upload_file(self, path: Path, key: str) -> None:
-        """Store the content of a local file."""
-        ...
+    def delete(self, key: str) -> None:
+        check_key(key)
+        retry(lambda: self._delete(key), self.policy)
 
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        """Every object whose key starts with ``prefix``, in key order."""
-        ...
-
-    def exists(self, key: str) -> bool: ...
+    def _read_only_error(self, key: str) -> StoreError:
+        return StoreError(f"{self.uri(key)}: this source is read-only", self.uri(key))

@@ -2,52 +2,110 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
-from bt_agent.errors import RecordNotFoundError, StoreError
-from bt_agent.storage.base import ObjectInfo
+from bt_agent.errors import AccessDeniedError, NotFoundError, StoreError
+from bt_agent.storage.base import CHUNK, Fetched, ObjectInfo, ObjectStore
+from bt_agent.storage.keys import local_path
 
 
-def _safe_parts(key: str) -> list[str]:
-    parts = key.split("/")
-    if not key or key.startswith("/") or any(p in ("", ".", "..") or "\0" in p for p in parts):
-        raise StoreError(f"refusing object key {key!r}: it would escape the store")
-    return parts
-
-
-class FileStore:
+class FileStore(ObjectStore):
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self.url = self.root.absolute().as_uri()
 
     def path(self, key: str) -> Path:
-        return self.root.joinpath(*_safe_parts(key))
+        return local_path(self.root, key)
 
-    def read_bytes(self, key: str) -> bytes:
+    def _error(self, exc: OSError, key: str) -> StoreError:
+        uri = self.uri(key)
+        if isinstance(exc, FileNotFoundError | NotADirectoryError):
+            return NotFoundError(f"{uri} does not exist", uri)
+        if isinstance(exc, PermissionError):
+            return AccessDeniedError(f"{uri}: permission denied; check the directory's owner", uri)
+        return StoreError(f"{uri}: {exc.strerror or exc}", uri)
+
+    def _list(self, prefix: str) -> list[ObjectInfo]:
+        directory = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        start = self.path(directory) if directory else self.root
+        found = []
+        for dirpath, _, filenames in os.walk(start):
+            for name in filenames:
+                if name.startswith(".") and name.endswith((".tmp", ".incomplete")):
+                    continue  # another writer's file in progress
+                full = Path(dirpath, name)
+                key = full.relative_to(self.root).as_posix()
+                if key.startswith(prefix):
+                    found.append(self._info(key, full))
+        return found
+
+    @staticmethod
+    def _info(key: str, path: Path) -> ObjectInfo:
+        stat = path.stat()
+        return ObjectInfo(key, stat.st_size, f"{stat.st_mtime_ns}-{stat.st_size}")
+
+    def _stat(self, key: str) -> ObjectInfo:
+        path = self.path(key)
         try:
-            return self.path(key).read_bytes()
-        except FileNotFoundError:
-            raise RecordNotFoundError(f"{self.url}/{key} does not exist") from None
+            if not path.is_file():
+                raise FileNotFoundError(key)
+            return self._info(key, path)
         except OSError as exc:
-            raise StoreError(f"cannot read {self.url}/{key}: {exc.strerror}") from exc
+            raise self._error(exc, key) from exc
 
-    def write_bytes(self, key: str, data: bytes, *, if_absent: bool = False) -> bool:
+    def _read_range(self, key: str, start: int, length: int) -> bytes:
+        try:
+            with open(self.path(key), "rb") as handle:
+                handle.seek(start)
+                return handle.read(length)
+        except OSError as exc:
+            raise self._error(exc, key) from exc
+
+    def _download(self, key: str, target: Path) -> Fetched:
+        try:
+            shutil.copyfile(self.path(key), target)
+        except OSError as exc:
+            raise self._error(exc, key) from exc
+        return Fetched()
+
+    def _upload(self, path: Path, key: str) -> str:
+        digest = hashlib.sha256()
+
+        def copy(tmp: Path) -> None:
+            with open(path, "rb") as source, open(tmp, "wb") as target:
+                while chunk := source.read(CHUNK):
+                    digest.update(chunk)
+                    target.write(chunk)
+
+        self._place(key, copy, if_absent=False)
+        return digest.hexdigest()
+
+    def _put(self, key: str, data: bytes, if_absent: bool) -> bool:
+        return self._place(key, lambda tmp: tmp.write_bytes(data), if_absent)
+
+    def _delete(self, key: str) -> None:
+        try:
+            self.path(key).unlink()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise self._error(exc, key) from exc
+
+    def _place(self, key: str, fill: Callable[[Path], object], if_absent: bool) -> bool:
+        """Write a unique temporary file beside the target, fsync, then rename it into place
+        (or hard-link it, which fails if the target exists, for ``if_absent``)."""
         target = self.path(key)
-        return self._place(target, lambda tmp: tmp.write_bytes(data), if_absent)
-
-    def upload_file(self, path: Path, key: str) -> None:
-        self._place(self.path(key), lambda tmp: shutil.copyfile(path, tmp), False)
-
-    def _place(self, target: Path, fill: Callable[[Path], object], if_absent: bool) -> bool:
-        """Write into a unique temporary file beside ``target``, fsync, then rename (or link,
-        which fails if ``target`` exists, for ``if_absent``)."""
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            fd, name = tempfile.mkstemp(
+                prefix=f".{target.name}.{uuid.uuid4().hex[:6]}.", suffix=".tmp", dir=target.parent
+            )
             os.close(fd)
             tmp = Path(name)
             try:
@@ -65,21 +123,4 @@ class FileStore:
             finally:
                 tmp.unlink(missing_ok=True)
         except OSError as exc:
-            raise StoreError(f"cannot write {target}: {exc.strerror or exc}") from exc
-
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        base = self.root
-        start = base.joinpath(*_safe_parts(prefix.rsplit("/", 1)[0])) if "/" in prefix else base
-        found = []
-        for dirpath, _, filenames in os.walk(start):
-            for name in filenames:
-                if name.startswith(".") and name.endswith(".tmp"):
-                    continue  # another writer's file in progress
-                full = Path(dirpath, name)
-                key = full.relative_to(base).as_posix()
-                if key.startswith(prefix):
-                    found.append(ObjectInfo(key, full.stat().st_size))
-        yield from sorted(found, key=lambda info: info.key)
-
-    def exists(self, key: str) -> bool:
-        return self.path(key).is_file()
+            raise self._error(exc, key) from exc

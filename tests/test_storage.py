@@ -1,0 +1,388 @@
+"""One conformance suite for every backend, against real servers on 127.0.0.1.
+
+file:// (a directory), s3:// (SeaweedFS), r2:// (the same SeaweedFS through the R2 endpoint
+override), gs:// (fake-gcs-server), hf:// (olah serving local git repositories) and https:// (a
+ranged static file server with a self-signed certificate).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import servers
+
+from bt_agent.errors import (
+    AccessDeniedError,
+    IntegrityError,
+    NotFoundError,
+    UnsafeKeyError,
+)
+from bt_agent.settings import Environ
+from bt_agent.storage import ObjectStore, open_store
+from bt_agent.storage.gcs import GCSStore
+from bt_agent.storage.hf import HFStore
+from bt_agent.storage.s3 import S3Store, S3Tuning
+
+MiB = 1024 * 1024
+SMALL_TUNING = S3Tuning(
+    multipart_threshold=5 * MiB, part_size=5 * MiB, concurrency=4, list_page_size=50
+)
+ALL = ["file", "s3", "r2", "gs", "hf", "https"]
+TREES = ["file", "s3", "r2", "gs", "hf"]  # https:// is one file per URL
+WRITABLE = ["file", "s3", "r2", "gs"]
+
+
+@pytest.fixture(scope="session")
+def server_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("servers")
+
+
+@pytest.fixture(scope="session")
+def s3_server(server_root: Path) -> Iterator[servers.SeaweedFS]:
+    server = servers.seaweedfs(server_root / "shared")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_server(server_root: Path) -> Iterator[servers.FakeGCS]:
+    server = servers.fake_gcs(server_root)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def hf_server(server_root: Path) -> Iterator[servers.Olah]:
+    mirrors = server_root / "mirrors"
+    mirrors.mkdir()
+    server = servers.olah(server_root, mirrors)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def https_server(server_root: Path) -> Iterator[servers.StaticHTTPS]:
+    server = servers.static_https(server_root)
+    yield server
+    server.stop()
+
+
+@dataclass
+class Backend:
+    """A store under test and a way to put objects in it from outside the store itself."""
+
+    name: str
+    make: Callable[[], ObjectStore]
+    seed_objects: Callable[[dict[str, bytes]], None]
+
+    def seeded(self, files: dict[str, bytes]) -> ObjectStore:
+        self.seed_objects(files)
+        return self.make()
+
+
+def _s3(server: servers.SeaweedFS, r2: bool = False) -> Backend:
+    bucket = f"b{uuid.uuid4().hex[:12]}"
+    server.create_bucket(bucket)
+    keys_json = (
+        f'{{"aws_access_key_id": "{servers.ACCESS_KEY}", '
+        f'"aws_secret_access_key": "{servers.SECRET_KEY}"}}'
+    )
+    if r2:
+        environ = Environ({"BT_R2_ENDPOINT_URL": server.endpoint})
+        url = f"r2://acct123.{bucket}/data"
+    else:
+        environ = Environ({"AWS_ENDPOINT_URL": server.endpoint})
+        url = f"s3://{bucket}/data"
+
+    def make() -> ObjectStore:
+        store = open_store(url, environ, keys_json, "creds")
+        assert isinstance(store, S3Store)
+        store.tuning = SMALL_TUNING
+        return store
+
+    writer = make()
+    return Backend(
+        "r2" if r2 else "s3",
+        make,
+        lambda files: [writer.write_bytes(k, v) for k, v in files.items()] and None,
+    )
+
+
+def _gs(server: servers.FakeGCS) -> Backend:
+    bucket = f"b{uuid.uuid4().hex[:12]}"
+    server.create_bucket(bucket)
+    environ = Environ({"STORAGE_EMULATOR_HOST": server.endpoint})
+
+    def make() -> ObjectStore:
+        store = open_store(f"gs://{bucket}/data", environ)
+        assert isinstance(store, GCSStore)
+        store.chunk_size, store.list_page_size = 256 * 1024, 50
+        return store
+
+    writer = make()
+    return Backend(
+        "gs", make, lambda files: [writer.write_bytes(k, v) for k, v in files.items()] and None
+    )
+
+
+def _hf(server: servers.Olah) -> Backend:
+    repo = f"org/model-{uuid.uuid4().hex[:8]}"
+    environ = Environ({"HF_ENDPOINT": server.endpoint})
+    return Backend(
+        "hf",
+        lambda: open_store(f"hf://{repo}", environ),
+        lambda files: servers.hf_repo(server.mirrors, repo, files) and None,
+    )
+
+
+def _https(server: servers.StaticHTTPS, monkeypatch: pytest.MonkeyPatch) -> Backend:
+    monkeypatch.setenv("SSL_CERT_FILE", str(server.ca_file))
+    name = f"{uuid.uuid4().hex[:8]}.bin"
+
+    def seed(files: dict[str, bytes]) -> None:
+        assert list(files) == ["model.bin"], "https:// holds one file per URL"
+        (server.directory / name).write_bytes(files["model.bin"])
+
+    def make() -> ObjectStore:
+        store = open_store(server.url(name))
+        store.name = "model.bin"  # type: ignore[attr-defined]
+        return store
+
+    return Backend("https", make, seed)
+
+
+def _file(root: Path) -> Backend:
+    url = (root / "file-store").as_uri()
+    writer = open_store(url)
+    return Backend(
+        "file",
+        lambda: open_store(url),
+        lambda files: [writer.write_bytes(k, v) for k, v in files.items()] and None,
+    )
+
+
+@pytest.fixture
+def backend(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Backend:
+    name = request.param
+    if name == "file":
+        return _file(tmp_path)
+    if name in ("s3", "r2"):
+        return _s3(request.getfixturevalue("s3_server"), r2=name == "r2")
+    if name == "gs":
+        return _gs(request.getfixturevalue("gcs_server"))
+    if name == "hf":
+        return _hf(request.getfixturevalue("hf_server"))
+    return _https(request.getfixturevalue("https_server"), monkeypatch)
+
+
+def payload(size: int, seed: int = 0) -> bytes:
+    block = hashlib.sha256(str(seed).encode()).digest() * 2048  # 64 KiB, not compressible
+    return (block * (size // len(block) + 1))[:size]
+
+
+def _one(backend: Backend, data: bytes) -> tuple[ObjectStore, str]:
+    key = "model.bin" if backend.name == "https" else "dir/model.bin"
+    return backend.seeded({key: data}), key
+
+
+@pytest.mark.parametrize("backend", ALL, indirect=True)
+@pytest.mark.parametrize("size", [0, 1000, 12 * MiB + 7], ids=["empty", "small", "multipart"])
+def test_round_trip(backend: Backend, tmp_path: Path, size: int) -> None:
+    data = payload(size)
+    store, key = _one(backend, data)
+    info = store.stat(key)
+    assert info.size == size
+    target = tmp_path / "out" / "model.bin"
+    store.download(key, target, info)
+    assert target.read_bytes() == data
+    assert [p.name for p in target.parent.iterdir()] == ["model.bin"], "nothing partial left"
+
+
+@pytest.mark.parametrize("backend", WRITABLE, indirect=True)
+@pytest.mark.parametrize("size", [0, 1000, 12 * MiB + 7], ids=["empty", "small", "multipart"])
+def test_upload_returns_the_sha256(backend: Backend, tmp_path: Path, size: int) -> None:
+    data = payload(size, seed=1)
+    source = tmp_path / "source.bin"
+    source.write_bytes(data)
+    store = backend.make()
+    result = store.upload_file(source, "up/loaded.bin")
+    assert result.sha256 == hashlib.sha256(data).hexdigest() and result.size == size
+    assert store.read_bytes("up/loaded.bin") == data
+
+
+@pytest.mark.parametrize("backend", TREES, indirect=True)
+def test_listing_with_prefixes(backend: Backend) -> None:
+    files = {
+        "a/1.bin": b"1",
+        "a/2.bin": b"22",
+        "a/sub/3.bin": b"333",
+        "ab.bin": b"4",
+        "b/5.bin": b"55555",
+    }
+    store = backend.seeded(files)
+    assert [(i.key, i.size) for i in store.list("a/")] == [
+        ("a/1.bin", 1),
+        ("a/2.bin", 2),
+        ("a/sub/3.bin", 3),
+    ]
+    assert [i.key for i in store.list("a")] == ["a/1.bin", "a/2.bin", "a/sub/3.bin", "ab.bin"]
+    everything = [i.key for i in store.list()]
+    assert all(k in everything for k in files)
+    assert all(i.version for i in store.list())
+
+
+@pytest.mark.parametrize("backend", TREES, indirect=True)
+def test_listing_many_pages(backend: Backend) -> None:
+    files = {f"many/{i:04d}.txt": str(i).encode() for i in range(130)}
+    store = backend.seeded(files)
+    listed = list(store.list("many/"))
+    assert [i.key for i in listed] == sorted(files)
+
+
+@pytest.mark.parametrize("backend", ALL, indirect=True)
+def test_ranged_reads(backend: Backend) -> None:
+    data = payload(300_000, seed=2)
+    store, key = _one(backend, data)
+    for start, length in [(0, 10), (12_345, 1000), (299_990, 10), (299_990, 100), (5, 0)]:
+        assert store.read_range(key, start, length) == data[start : start + length]
+    assert store.read_bytes(key) == data
+
+
+@pytest.mark.parametrize("backend", ALL, indirect=True)
+def test_missing_object(backend: Backend, tmp_path: Path) -> None:
+    store, _ = _one(backend, b"present")
+    missing = "absent.bin" if backend.name != "https" else "other.bin"
+    with pytest.raises(NotFoundError) as caught:
+        store.download(missing, tmp_path / "x" / "absent.bin")
+    assert isinstance(caught.value, FileNotFoundError)
+    assert store.uri(missing) in str(caught.value) or store.url in str(caught.value)
+    assert not store.exists(missing)
+    assert not any((tmp_path / "x").iterdir()), "no partial file left behind"
+
+
+@pytest.mark.parametrize("backend", ALL, indirect=True)
+@pytest.mark.parametrize("key", ["../escape", "/etc/passwd", "a/../../b", "a\0b"])
+def test_keys_that_escape_are_refused(backend: Backend, tmp_path: Path, key: str) -> None:
+    store = backend.make()
+    with pytest.raises(UnsafeKeyError):
+        store.download(key, tmp_path / "escape")
+    assert not (tmp_path / "escape").exists()
+
+
+def test_hf_revisions_are_pinned(hf_server: servers.Olah, tmp_path: Path) -> None:
+    repo = f"org/pinned-{uuid.uuid4().hex[:6]}"
+    first = servers.hf_repo(hf_server.mirrors, repo, {"config.json": b'{"v": 1}'})
+    servers.git(hf_server.mirrors / "models" / repo, "tag", "v1")
+    second = servers.hf_repo(hf_server.mirrors, repo, {"weights.bin": b"w2"})
+    dev = servers.hf_repo(hf_server.mirrors, repo, {"dev.txt": b"d"}, branch="dev")
+    environ = Environ({"HF_ENDPOINT": hf_server.endpoint})
+
+    def at(revision: str) -> HFStore:
+        store = open_store(f"hf://{repo}@{revision}", environ)
+        assert isinstance(store, HFStore)
+        return store
+
+    assert at("main").commit == second and at("v1").commit == first and at("dev").commit == dev
+    assert [i.key for i in at("v1").list()] == ["config.json"]
+    assert [i.key for i in at("main").list()] == ["config.json", "weights.bin"]
+    assert at(first).read_bytes("config.json") == b'{"v": 1}'
+    assert at("main").pinned_url == f"hf://{repo}@{second}"
+    with pytest.raises(NotFoundError, match="revision 'nope'"):
+        at("nope").list()
+
+
+@pytest.mark.parametrize("backend", ["s3", "r2"], indirect=True)
+def test_wrong_credentials(backend: Backend, s3_server: servers.SeaweedFS) -> None:
+    store = backend.make()
+    assert isinstance(store, S3Store)
+    wrong = "not-the-secret-value-42"
+    url = store.url
+    environ = Environ(
+        {"AWS_ENDPOINT_URL": s3_server.endpoint, "BT_R2_ENDPOINT_URL": s3_server.endpoint}
+    )
+    bad = open_store(
+        url,
+        environ,
+        f'{{"aws_access_key_id": "{servers.ACCESS_KEY}", "aws_secret_access_key": "{wrong}"}}',
+        "creds",
+    )
+    with pytest.raises(AccessDeniedError) as caught:
+        list(bad.list())
+    assert "access denied" in str(caught.value) and url in str(caught.value)
+    assert wrong not in str(caught.value)
+    assert isinstance(caught.value, PermissionError)
+
+
+def test_s3_service_rejects_a_wrong_checksum(s3_server: servers.SeaweedFS) -> None:
+    store = _s3(s3_server).make()
+    assert isinstance(store, S3Store)
+    with pytest.raises(IntegrityError):
+        store._call(
+            "bad.bin",
+            "put_object",
+            Key=store._key("bad.bin"),
+            Body=b"content",
+            ChecksumSHA256="n4bQgYhMfWWaL+qgxVrQFaO/TxsrC4Is0V1sFbDwCgg=",
+        )
+    assert not store.exists("bad.bin")
+
+
+def test_s3_download_detects_content_that_differs_from_its_sha256(
+    s3_server: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    store = _s3(s3_server).make()
+    assert isinstance(store, S3Store)
+    store._call(
+        "k",
+        "put_object",
+        Key=store._key("lying.bin"),
+        Body=b"actual content",
+        Metadata={"sha256": hashlib.sha256(b"other content").hexdigest()},
+    )
+    with pytest.raises(IntegrityError, match="does not match"):
+        store.download("lying.bin", tmp_path / "lying.bin")
+    assert not list(tmp_path.iterdir())
+
+
+def test_gcs_download_detects_corruption_at_rest(
+    gcs_server: servers.FakeGCS, tmp_path: Path
+) -> None:
+    backend = _gs(gcs_server)
+    store = backend.seeded({"dir/model.bin": b"A" * 1000})
+    stored = [
+        p for p in gcs_server.data.rglob("*") if p.is_file() and p.read_bytes() == b"A" * 1000
+    ]
+    assert stored, "fake-gcs-server's file for the object"
+    stored[0].write_bytes(b"B" * 1000)  # same size, other content: only a checksum can tell
+    with pytest.raises(IntegrityError):
+        store.download("dir/model.bin", tmp_path / "model.bin")
+    assert not list(tmp_path.iterdir())
+
+
+def test_open_store_urls() -> None:
+    environ = Environ({"AWS_ENDPOINT_URL": "http://127.0.0.1:1"})
+    s3 = open_store("s3://bucket/some/prefix", environ)
+    assert isinstance(s3, S3Store) and (s3.bucket, s3.prefix) == ("bucket", "some/prefix")
+    assert s3.endpoint_url == "http://127.0.0.1:1"
+    r2 = open_store("r2://acct9.bkt/p", Environ({}))
+    assert isinstance(r2, S3Store) and r2.bucket == "bkt"
+    assert r2.endpoint_url == "https://acct9.r2.cloudflarestorage.com"
+    hf = open_store("hf://owner/repo@v2", Environ({}))
+    assert isinstance(hf, HFStore) and (hf.repo_id, hf.revision) == ("owner/repo", "v2")
+    for bad in ("r2://nodot/x", "ftp://host/x"):
+        with pytest.raises(Exception, match="URL"):
+            open_store(bad, Environ({}))
+
+
+def test_part_size_keeps_huge_files_under_10000_parts() -> None:
+    tuning = S3Tuning()
+    for size in (1, 16 * MiB, 100 * 1024**3, 500 * 1024**3, 5 * 1024**4):
+        part = tuning.part_size_for(size)
+        assert -(-size // part) <= 10_000 and part % MiB == 0

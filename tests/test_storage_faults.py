@@ -1,0 +1,113 @@
+"""Transient failures: a store that goes away mid-transfer is retried with backoff, and either
+comes back (the transfer completes) or ends in a clear error naming the URI."""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import servers
+
+from bt_agent.errors import TransientStoreError
+from bt_agent.settings import Environ
+from bt_agent.storage import open_store
+from bt_agent.storage.retry import RetryPolicy, retry
+from bt_agent.storage.s3 import S3Store, S3Tuning
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture
+def own_s3(tmp_path: Path) -> Iterator[servers.SeaweedFS]:
+    server = servers.seaweedfs(tmp_path)
+    yield server
+    server.stop()
+
+
+def _store(server: servers.SeaweedFS, policy: RetryPolicy) -> S3Store:
+    bucket = f"f{uuid.uuid4().hex[:10]}"
+    server.create_bucket(bucket)
+    secret = (
+        f'{{"aws_access_key_id": "{servers.ACCESS_KEY}", '
+        f'"aws_secret_access_key": "{servers.SECRET_KEY}"}}'
+    )
+    store = open_store(
+        f"s3://{bucket}/x", Environ({"AWS_ENDPOINT_URL": server.endpoint}), secret, "creds"
+    )
+    assert isinstance(store, S3Store)
+    store.tuning = S3Tuning(multipart_threshold=5 * MiB, part_size=5 * MiB, concurrency=2)
+    store.policy = policy
+    return store
+
+
+def _big_file(tmp_path: Path, size: int) -> Path:
+    path = tmp_path / "big.bin"
+    block = hashlib.sha256(b"x").digest() * 32768  # 1 MiB
+    path.write_bytes(block * (size // len(block)))
+    return path
+
+
+def test_store_killed_mid_upload_gives_a_clear_error(
+    own_s3: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    store = _store(own_s3, RetryPolicy(attempts=3, base_seconds=0.05, cap_seconds=0.2))
+    source = _big_file(tmp_path, 200 * MiB)
+    killer = threading.Timer(0.5, own_s3.stop, kwargs={"sig": signal.SIGKILL})
+    killer.start()
+    started = time.monotonic()
+    with pytest.raises(TransientStoreError) as caught:
+        store.upload_file(source, "model.bin")
+    killer.join()
+    message = str(caught.value)
+    assert "gave up after 3 attempts" in message and store.uri("model.bin") in message
+    assert time.monotonic() - started < 60
+
+
+def test_store_back_within_the_retries_completes_the_upload(
+    own_s3: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    store = _store(own_s3, RetryPolicy(attempts=12, base_seconds=0.5, cap_seconds=2.0))
+    source = _big_file(tmp_path, 24 * MiB)
+    own_s3.stop()
+
+    def restart() -> None:
+        time.sleep(1.5)
+        own_s3.start()
+
+    reviver = threading.Thread(target=restart)
+    reviver.start()
+    result = store.upload_file(source, "model.bin")
+    reviver.join()
+    assert result.sha256 == hashlib.sha256(source.read_bytes()).hexdigest()
+    assert store.read_bytes("model.bin") == source.read_bytes()
+
+
+def test_retry_backs_off_with_capped_jitter() -> None:
+    slept: list[float] = []
+    calls = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 4:
+            raise TransientStoreError("blip", "s3://b/k")
+        return "ok"
+
+    policy = RetryPolicy(attempts=5, base_seconds=1.0, cap_seconds=3.0)
+    assert retry(flaky, policy, sleep=slept.append) == "ok"
+    assert len(slept) == 3
+    assert all(0 <= s <= min(3.0, 2**i) for i, s in enumerate(slept))
+
+
+def test_retry_gives_up_and_says_so() -> None:
+    def always() -> None:
+        raise TransientStoreError("s3://b/k: cannot reach the endpoint", "s3://b/k")
+
+    with pytest.raises(TransientStoreError, match="gave up after 2 attempts") as caught:
+        retry(always, RetryPolicy(attempts=2), sleep=lambda s: None)
+    assert caught.value.uri == "s3://b/k"
