@@ -106,8 +106,9 @@ class ObjectStore(ABC):
     def _read_range(self, key: str, start: int, length: int) -> bytes: ...
 
     @abstractmethod
-    def _download(self, key: str, target: Path) -> Fetched:
-        """Write the whole object into ``target`` (an empty file that exists)."""
+    def _download(self, key: str, target: Path, size: int | None) -> Fetched:
+        """Write the whole object into ``target`` (an empty file that exists). ``size`` is the
+        object's size when the caller knows it (from a listing), else None."""
 
     def _upload(self, path: Path, key: str) -> str:
         """Store the file's content, sending a checksum the service verifies where it can;
@@ -165,16 +166,17 @@ class ObjectStore(ABC):
             f".{destination.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.incomplete"
         )
         try:
-            fetched = retry(lambda: self._fetch_into(key, partial), self.policy)
+            size = expected.size if expected is not None else None
+            fetched = retry(lambda: self._fetch_into(key, partial, size), self.policy)
             self._verify(key, partial, expected, fetched)
             os.replace(partial, destination)
         finally:
             partial.unlink(missing_ok=True)
         return destination
 
-    def _fetch_into(self, key: str, partial: Path) -> Fetched:
+    def _fetch_into(self, key: str, partial: Path, size: int | None) -> Fetched:
         partial.write_bytes(b"")  # a retry starts from an empty file
-        return self._download(key, partial)
+        return self._download(key, partial, size)
 
     def _verify(self, key: str, path: Path, expected: ObjectInfo | None, fetched: Fetched) -> None:
         size = path.stat().st_size

@@ -67,7 +67,7 @@ class FileStore(ObjectStore):
         except OSError as exc:
             raise self._error(exc, key) from exc
 
-    def _download(self, key: str, target: Path) -> Fetched:
+    def _download(self, key: str, target: Path, size: int | None) -> Fetched:
         try:
             shutil.copyfile(self.path(key), target)
         except OSError as exc:

@@ -147,7 +147,7 @@ class GCSStore(ObjectStore):
         except Exception as exc:
             raise self._error(exc, key) from exc
 
-    def _download(self, key: str, target: Path) -> Fetched:
+    def _download(self, key: str, target: Path, size: int | None) -> Fetched:
         blob = self._blob(key)
         try:
             blob.download_to_filename(str(target), checksum="crc32c", retry=None)

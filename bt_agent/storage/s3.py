@@ -228,17 +228,19 @@ class S3Store(ObjectStore):
         except Exception as exc:
             raise self._error(exc, key) from exc
 
-    def _download(self, key: str, target: Path) -> Fetched:
-        head = self._call(key, "head_object", Key=self._key(key))
-        size = int(head["ContentLength"])
-        claimed = head.get("Metadata", {}).get(SHA256_META)
-        if size <= self.tuning.multipart_threshold:
-            return Fetched(claimed, self._download_stream(key, target))
-        self._download_ranges(key, target, size)
-        return Fetched(claimed, None)
-
-    def _download_stream(self, key: str, target: Path) -> str:
+    def _download(self, key: str, target: Path, size: int | None) -> Fetched:
+        """One streamed GET for objects up to the multipart threshold (its response carries
+        the metadata), ranged GETs in parallel above it."""
+        if size is not None and size > self.tuning.multipart_threshold:
+            head = self._call(key, "head_object", Key=self._key(key))
+            self._download_ranges(key, target, int(head["ContentLength"]))
+            return Fetched(head.get("Metadata", {}).get(SHA256_META), None)
         response = self._call(key, "get_object", Key=self._key(key))
+        total = int(response["ContentLength"])
+        if total > self.tuning.multipart_threshold:  # the size was not known: go parallel
+            response["Body"].close()
+            self._download_ranges(key, target, total)
+            return Fetched(response.get("Metadata", {}).get(SHA256_META), None)
         digest = hashlib.sha256()
         try:
             with open(target, "wb") as handle:
@@ -249,7 +251,7 @@ class S3Store(ObjectStore):
             raise
         except Exception as exc:
             raise self._error(exc, key) from exc
-        return digest.hexdigest()
+        return Fetched(response.get("Metadata", {}).get(SHA256_META), digest.hexdigest())
 
     def _download_ranges(self, key: str, target: Path, size: int) -> None:
         part = self.tuning.part_size_for(size)

