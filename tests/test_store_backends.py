@@ -1,0 +1,62 @@
+"""The store (records, logs) on s3:// and gs://, through the real CLI, as on the file store."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import servers
+from conftest import Agent, job_with
+
+
+@pytest.fixture(scope="module")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.SeaweedFS]:
+    server = servers.seaweedfs(tmp_path_factory.mktemp("store-s3"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.FakeGCS]:
+    server = servers.fake_gcs(tmp_path_factory.mktemp("store-gcs"))
+    yield server
+    server.stop()
+
+
+def _run_and_view(agent: Agent, store: str, env: dict[str, str]) -> None:
+    spec = agent.spec(job_with(start_commands=["echo stored-remotely", "exit 4"]))
+    args = ["--node-root", str(agent.node_root), "--secrets-dir", str(agent.secrets_dir)]
+    result = agent("run", str(spec), *args, "--store", store, "--job-id", "remote1", env=env)
+    assert result.code == 4, result.text
+    view = agent("jobs", "view", "remote1", "--store", store, "-o", "json", env=env)
+    assert view.code == 0, view.text
+    assert '"status": "TRAINING_JOB_FAILED"' in view.out
+    logs = agent("jobs", "logs", "remote1", "--store", store, env=env)
+    assert "stored-remotely" in logs.out
+    listing = agent("jobs", "list", "--store", store, "-o", "csv", env=env)
+    assert "remote1" in listing.out
+
+
+def test_store_on_s3(agent: Agent, seaweed: servers.SeaweedFS) -> None:
+    bucket = f"store{uuid.uuid4().hex[:8]}"
+    seaweed.create_bucket(bucket)
+    env = {"AWS_ENDPOINT_URL": seaweed.endpoint, "AWS_ACCESS_KEY_ID": servers.ACCESS_KEY,
+           "AWS_SECRET_ACCESS_KEY": servers.SECRET_KEY, "AWS_DEFAULT_REGION": "us-east-1"}
+    _run_and_view(agent, f"s3://{bucket}/bt", env)
+
+
+def test_store_on_gcs(agent: Agent, gcs: servers.FakeGCS) -> None:
+    bucket = f"store{uuid.uuid4().hex[:8]}"
+    gcs.create_bucket(bucket)
+    _run_and_view(agent, f"gs://{bucket}/bt", {"STORAGE_EMULATOR_HOST": gcs.endpoint})
+
+
+def test_unreachable_store_is_a_clear_error(agent: Agent, tmp_path: Path) -> None:
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "k",
+           "AWS_SECRET_ACCESS_KEY": "s", "AWS_DEFAULT_REGION": "us-east-1"}
+    result = agent("jobs", "list", "--store", "s3://nowhere/bt", env=env, timeout=120)
+    assert result.code == 1
+    assert "s3://nowhere/bt" in result.err and "cannot reach" in result.err
+    assert "Traceback" not in result.err
