@@ -25,6 +25,8 @@ from pathlib import Path
 
 from _common import table, write_json
 
+from bt_agent.supervisor import tree
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = REPO / "tests" / "bin"
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
@@ -35,6 +37,20 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _agent_run(spec: Path, work: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "bt_agent",
+        "run",
+        str(spec),
+        "--node-root",
+        str(work / "node"),
+        "--store",
+        str(work / "store"),
+    ]
 
 
 def _wait(predicate, timeout: float) -> None:  # type: ignore[no-untyped-def]
@@ -68,15 +84,7 @@ def _latencies(work: Path, with_agent: bool) -> list[float]:
             )
         )
         argv = [
-            sys.executable,
-            "-m",
-            "bt_agent",
-            "run",
-            str(spec),
-            "--node-root",
-            str(work / "node"),
-            "--store",
-            str(work / "store"),
+            *_agent_run(spec, work),
             "--grace-period",
             "20",
         ]
@@ -110,18 +118,8 @@ def latency_rows(runs: int) -> list[dict[str, object]]:
 
 
 def _zombies_of(pid: int) -> int:
-    count = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] == "Z" and int(fields[1]) == pid:
-            count += 1
-    return count
+    children = [child for child, parent in tree.parents().items() if parent == pid]
+    return len(children) - len(tree.living(children))
 
 
 NAIVE_PID1 = """
@@ -149,15 +147,7 @@ def zombie_rows(orphans: int) -> list[dict[str, object]]:
         contenders = {
             "naive PID 1 (subprocess.run)": [sys.executable, "-c", NAIVE_PID1, command],
             "bt-agent run": [
-                sys.executable,
-                "-m",
-                "bt_agent",
-                "run",
-                str(spec),
-                "--node-root",
-                f"{tmp}/node",
-                "--store",
-                f"{tmp}/store",
+                *_agent_run(spec, Path(tmp)),
             ],
         }
         for name, argv in contenders.items():
