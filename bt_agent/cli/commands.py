@@ -42,7 +42,8 @@ def _plan(args: argparse.Namespace, environ: Environ, check_secrets: bool = True
     if problems:
         raise SpecError(problems, spec.origin)
     env = build(job, context, secrets, environ.values)
-    return JobPlan(spec, context, env, secrets, _code_dir(args, spec.code_dir, context))
+    code_dir = _code_dir(args, spec.code_dir, context)
+    return JobPlan(spec, context, env, secrets, code_dir, environ)
 
 
 def _code_dir(args: argparse.Namespace, spec_dir: Path | None, context: NodeContext) -> Path | None:

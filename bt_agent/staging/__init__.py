@@ -1,0 +1,1 @@
+"""DEPLOYING: BDN weights through the node cache onto their mount locations."""

@@ -1,0 +1,99 @@
+"""The node cache: content-addressed files shared by every job on the node.
+
+An entry is filled only by an atomic rename (the storage layer's download), under a per-entry
+file lock, so two agents staging the same source fetch it once and neither sees a partial file.
+Mounts are hard links to entries: an entry whose link count is above one is mounted by some job
+and is never evicted. Least recently used entries go first when the cache is over its budget.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def entry_id(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: Path
+    size: int
+    last_used: float
+    in_use: bool
+
+
+class NodeCache:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.objects = root / "objects"
+        self.locks = root / "locks"
+
+    def path(self, entry: str) -> Path:
+        return self.objects / entry[:2] / entry
+
+    @contextmanager
+    def _locked(self, entry: str) -> Iterator[None]:
+        self.locks.mkdir(parents=True, exist_ok=True)
+        with open(self.locks / f"{entry}.lock", "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def has(self, entry: str) -> bool:
+        return self.path(entry).is_file()
+
+    def ensure(self, entry: str, fill: Callable[[Path], object]) -> tuple[Path, bool]:
+        """The entry's path, filling it with ``fill(path)`` (which must place the file
+        atomically) if absent. Returns ``(path, hit)``."""
+        path = self.path(entry)
+        if path.is_file():
+            self.touch(path)
+            return path, True
+        with self._locked(entry):
+            if path.is_file():  # another agent filled it while we waited
+                self.touch(path)
+                return path, True
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fill(path)
+            path.chmod(0o444)
+        return path, False
+
+    @staticmethod
+    def touch(path: Path) -> None:
+        os.utime(path)
+
+    def entries(self) -> list[Entry]:
+        found: list[Entry] = []
+        if not self.objects.is_dir():
+            return found
+        for path in self.objects.glob("*/*"):
+            if path.name.startswith("."):
+                continue  # a download in progress
+            stat = path.stat()
+            found.append(Entry(path, stat.st_size, stat.st_mtime, stat.st_nlink > 1))
+        return found
+
+    def evict(self, max_bytes: int) -> list[Entry]:
+        """Remove least recently used entries not in use until the cache fits ``max_bytes``."""
+        entries = sorted(self.entries(), key=lambda e: e.last_used)
+        total = sum(e.size for e in entries)
+        removed = []
+        for entry in entries:
+            if total <= max_bytes:
+                break
+            if entry.in_use:
+                continue
+            with self._locked(entry.path.name):
+                entry.path.unlink(missing_ok=True)
+            total -= entry.size
+            removed.append(entry)
+        return removed

@@ -1,0 +1,203 @@
+"""Stage every ``weights`` source at its ``mount_location`` before the first command runs.
+
+1. Plan: list each source at a pinned version (an HF revision resolved to its commit; S3 ETags,
+   GCS generations), filter with the patterns, and say what will be fetched.
+2. Fetch what the node cache lacks, in parallel, after checking the free space.
+3. Mount: hard-link every file from the cache into a staging directory beside the mount
+   location, then rename it into place. A warm start costs one link per file, whatever the size.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from bt_agent.errors import StagingError, StoreError, UsageError
+from bt_agent.log import AgentLog
+from bt_agent.settings import Environ
+from bt_agent.spec.models import WeightsSource
+from bt_agent.staging.cache import NodeCache, entry_id
+from bt_agent.staging.patterns import selected
+from bt_agent.storage import ObjectInfo, ObjectStore, open_store
+from bt_agent.storage.hf import HFStore
+
+FETCH_WORKERS = 8
+
+
+@dataclass(frozen=True)
+class PlannedFile:
+    relative: str
+    info: ObjectInfo
+    entry: str  # node cache entry id: what the content is, not where it is mounted
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    index: int
+    weights: WeightsSource
+    store: ObjectStore
+    pinned: str  # the source at the version that was listed
+    files: list[PlannedFile]
+    mount: Path
+
+    @property
+    def size(self) -> int:
+        return sum(f.info.size for f in self.files)
+
+
+def _identity(store: ObjectStore) -> str:
+    """What names a source's content: an HF repo (blob ids are its versions) or the URL."""
+    return f"hf://{store.repo_id}" if isinstance(store, HFStore) else store.url
+
+
+def _entry(identity: str, info: ObjectInfo) -> str:
+    return entry_id(identity, info.key, info.version or "", str(info.size))
+
+
+def plan_source(index: int, weights: WeightsSource, store: ObjectStore, mount: Path) -> SourcePlan:
+    objects = store.list()
+    pinned = store.pinned_url if isinstance(store, HFStore) else store.url
+    identity = _identity(store)
+    files = [
+        PlannedFile(
+            info.key, info, entry_id(identity, info.key, info.version or "", str(info.size))
+        )
+        for info in objects
+        if selected(info.key, weights.allow_patterns, weights.ignore_patterns)
+    ]
+    return SourcePlan(index, weights, store, pinned, files, mount)
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:,.1f} MB"
+
+
+class WeightsStager:
+    def __init__(
+        self,
+        cache: NodeCache,
+        log: AgentLog,
+        environ: Environ,
+        secrets: dict[str, str],
+        mount_path: Callable[[str], Path],
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.cache = cache
+        self.log = log
+        self.environ = environ
+        self.secrets = secrets
+        self.mount_path = mount_path
+        self.stopping = stopping
+
+    def stage(self, sources: list[WeightsSource]) -> list[SourcePlan]:
+        plans = [self._plan(i, w) for i, w in enumerate(sources)]
+        for plan in plans:
+            self._fetch(plan)
+            self._mount(plan)
+        return plans
+
+    def _fail(
+        self, plan_or_index: SourcePlan | int, weights: WeightsSource, exc: Exception
+    ) -> StagingError:
+        index = plan_or_index.index if isinstance(plan_or_index, SourcePlan) else plan_or_index
+        return StagingError(f"weights[{index}] {weights.source}: {exc}")
+
+    def _plan(self, index: int, weights: WeightsSource) -> SourcePlan:
+        secret = self.secrets.get(weights.secret_name) if weights.secret_name else None
+        try:
+            store = open_store(weights.source, self.environ, secret, weights.secret_name or "")
+            plan = plan_source(index, weights, store, self.mount_path(weights.mount_location))
+        except (StoreError, UsageError) as exc:
+            raise self._fail(index, weights, exc) from exc
+        if not plan.files:
+            raise self._fail(
+                index,
+                weights,
+                ValueError(
+                    "no file matches; check the source path and allow_patterns/ignore_patterns"
+                ),
+            )
+        misses = [f for f in plan.files if not self.cache.has(f.entry)]
+        self.log.info(
+            f"weights[{index}] {plan.pinned}: {len(plan.files)} files, {_mb(plan.size)}; "
+            f"{len(plan.files) - len(misses)} in the node cache, {len(misses)} to fetch "
+            f"({_mb(sum(f.info.size for f in misses))}) -> {weights.mount_location}"
+        )
+        return plan
+
+    def _fetch(self, plan: SourcePlan) -> None:
+        misses = [f for f in plan.files if not self.cache.has(f.entry)]
+        if not misses:
+            return
+        need = sum(f.info.size for f in misses)
+        self.cache.root.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(self.cache.root).free
+        if need > free:
+            raise self._fail(
+                plan,
+                plan.weights,
+                OSError(
+                    f"not enough disk space in the node cache {self.cache.root}: need {_mb(need)}, "
+                    f"{_mb(free)} free; free space or lower BT_NODE_CACHE_MAX_BYTES"
+                ),
+            )
+        started = time.monotonic()
+
+        def one(item: PlannedFile) -> None:
+            if self.stopping():
+                raise InterruptedError("stop requested")
+            self.cache.ensure(
+                item.entry, lambda path: plan.store.download(item.info.key, path, item.info)
+            )
+
+        try:
+            with ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="bt-stage") as pool:
+                list(pool.map(one, misses))
+        except InterruptedError:
+            raise
+        except (StoreError, OSError) as exc:
+            raise self._fail(plan, plan.weights, exc) from exc
+        seconds = max(time.monotonic() - started, 1e-6)
+        self.log.info(
+            f"weights[{plan.index}] fetched {_mb(need)} in {seconds:.1f} s "
+            f"({need / seconds / 1e6:,.0f} MB/s)"
+        )
+
+    def _mount(self, plan: SourcePlan) -> None:
+        mount = plan.mount
+        staging = mount.with_name(f".{mount.name}.staging-{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            for item in plan.files:
+                target = staging.joinpath(*item.relative.split("/"))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                _link_or_copy(self.cache.path(item.entry), target)
+            _replace_dir(staging, mount)
+        except OSError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise self._fail(plan, plan.weights, exc) from exc
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EMLINK, errno.EPERM):
+            raise
+        shutil.copyfile(source, target)  # another file system: copy
+        target.chmod(0o444)
+
+
+def _replace_dir(staging: Path, mount: Path) -> None:
+    """Put ``staging`` at ``mount``; what was there before (an earlier job's mount) goes."""
+    if mount.exists() or mount.is_symlink():
+        old = mount.with_name(f".{mount.name}.old-{os.getpid()}")
+        os.replace(mount, old)
+        shutil.rmtree(old, ignore_errors=True)
+    os.replace(staging, mount)

@@ -1,0 +1,189 @@
+"""Staging BDN weights: plans, patterns, the node cache and mounts, against real servers."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import servers
+from conftest import Agent
+
+from bt_agent.staging.cache import NodeCache, entry_id
+from bt_agent.staging.patterns import selected
+
+
+@pytest.fixture(scope="module")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.SeaweedFS]:
+    server = servers.seaweedfs(tmp_path_factory.mktemp("staging-s3"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Olah]:
+    root = tmp_path_factory.mktemp("staging-hf")
+    (root / "mirrors").mkdir()
+    server = servers.olah(root, root / "mirrors")
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize(
+    ("path", "allow", "ignore", "expected"),
+    [
+        ("model.safetensors", ["*.safetensors"], None, True),
+        ("sub/model.safetensors", ["*.safetensors"], None, False),  # * does not cross /
+        ("sub/model.safetensors", ["**/*.safetensors"], None, True),
+        ("model.safetensors", ["**/*.safetensors"], None, True),
+        ("README.md", None, ["*.md"], False),
+        ("config.json", ["*.json"], ["config.*"], False),  # ignore wins
+        ("tokenizer.json", ["tokenizer.*", "*.safetensors"], None, True),
+        ("a/b/c.bin", ["a/**"], None, True),
+        ("x.bin", None, None, True),
+    ],
+)
+def test_patterns(
+    path: str, allow: list[str] | None, ignore: list[str] | None, expected: bool
+) -> None:
+    assert selected(path, allow, ignore) is expected
+
+
+def _seed_s3(server: servers.SeaweedFS, files: dict[str, bytes]) -> str:
+    import boto3
+
+    bucket = f"w{uuid.uuid4().hex[:10]}"
+    server.create_bucket(bucket)
+    client = boto3.client(
+        "s3",
+        endpoint_url=server.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=servers.ACCESS_KEY,
+        aws_secret_access_key=servers.SECRET_KEY,
+    )
+    for key, data in files.items():
+        client.put_object(Bucket=bucket, Key=f"data/{key}", Body=data)
+    return f"s3://{bucket}/data"
+
+
+def _job(weights: list[dict[str, object]], command: str) -> dict[str, object]:
+    return {
+        "image": {"base_image": "x"},
+        "weights": weights,
+        "runtime": {"start_commands": [command]},
+    }
+
+
+def _env(agent: Agent, seaweed: servers.SeaweedFS, hub: servers.Olah) -> dict[str, str]:
+    agent.secret(
+        "s3_creds",
+        json.dumps(
+            {"aws_access_key_id": servers.ACCESS_KEY, "aws_secret_access_key": servers.SECRET_KEY}
+        ),
+    )
+    return {"AWS_ENDPOINT_URL": seaweed.endpoint, "HF_ENDPOINT": hub.endpoint}
+
+
+def test_job_reads_hf_and_s3_mounts(
+    agent: Agent, seaweed: servers.SeaweedFS, hub: servers.Olah
+) -> None:
+    repo = f"org/tiny-{uuid.uuid4().hex[:6]}"
+    model = {
+        "config.json": b'{"hidden": 8}\n',
+        "model.safetensors": b"w" * 5000,
+        "README.md": b"# card",
+    }
+    servers.hf_repo(hub.mirrors, repo, model)
+    data_url = _seed_s3(seaweed, {"train/0.jsonl": b'{"x": 1}\n', "train/1.jsonl": b"{}\n"})
+    weights = [
+        {
+            "source": f"hf://{repo}@main",
+            "mount_location": "/app/models/tiny",
+            "ignore_patterns": ["*.md"],
+        },
+        {"source": data_url, "mount_location": "/app/data", "auth_secret_name": "s3_creds"},
+    ]
+    check = (
+        "cat $M/config.json && wc -c < $M/model.safetensors && "
+        "test ! -e $M/README.md && cat $D/train/0.jsonl && ls $D/train"
+    )
+    env = _env(agent, seaweed, hub)
+    node = agent.node_root
+    command = check.replace("$M", str(node / "app/models/tiny")).replace(
+        "$D", str(node / "app/data")
+    )
+    result = agent.run_job(_job(weights, command), env=env)
+    assert result.code == 0, result.text
+    assert result.out.split() == ['{"hidden":', "8}", "5000", '{"x":', "1}", "0.jsonl", "1.jsonl"]
+    assert "0 in the node cache, 2 to fetch" in result.err  # README.md ignored
+    mounted = node / "app/models/tiny/model.safetensors"
+    assert mounted.stat().st_mode & 0o222 == 0, "mounts are read-only"
+
+    warm = agent.run_job(_job(weights, "true"), env=env)
+    assert warm.code == 0, warm.text
+    assert "2 in the node cache, 0 to fetch" in warm.err and "fetched" not in warm.err
+    assert mounted.stat().st_nlink >= 2, "mounted by hard link from the cache"
+
+
+def test_missing_source_is_deploy_failed(
+    agent: Agent, seaweed: servers.SeaweedFS, hub: servers.Olah
+) -> None:
+    env = _env(agent, seaweed, hub)
+    url = _seed_s3(seaweed, {"x.bin": b"x"})
+    ran = agent.root / "ran"
+    weights = [
+        {"source": url + "-nope", "mount_location": "/app/data", "auth_secret_name": "s3_creds"}
+    ]
+    result = agent.run_job(_job(weights, f"touch {ran}"), env=env)
+    assert result.code == 3, result.text
+    assert "weights[0]" in result.err and "no file matches" in result.err
+    view = agent.job_view(agent.only_job_id())
+    assert view["status"] == "TRAINING_JOB_DEPLOY_FAILED"
+    assert not ran.exists() and not (agent.node_root / "app/data").exists()
+
+
+def test_unknown_hf_revision_is_deploy_failed(
+    agent: Agent, seaweed: servers.SeaweedFS, hub: servers.Olah
+) -> None:
+    repo = f"org/rev-{uuid.uuid4().hex[:6]}"
+    servers.hf_repo(hub.mirrors, repo, {"a.txt": b"a"})
+    weights = [{"source": f"hf://{repo}@no-such-tag", "mount_location": "/m"}]
+    result = agent.run_job(_job(weights, "true"), env=_env(agent, seaweed, hub))
+    assert result.code == 3 and "no-such-tag" in result.err
+
+
+def test_cache_fills_once_under_concurrency(tmp_path: Path) -> None:
+    cache = NodeCache(tmp_path / "cache")
+    calls = []
+    entry = entry_id("src", "key", "v1", "3")
+
+    def fill(path: Path) -> None:
+        calls.append(1)
+        partial = path.with_name(".partial")
+        partial.write_bytes(b"abc")
+        partial.rename(path)
+
+    threads = [threading.Thread(target=cache.ensure, args=(entry, fill)) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 1 and cache.path(entry).read_bytes() == b"abc"
+
+
+def test_eviction_keeps_entries_in_use(tmp_path: Path) -> None:
+    cache = NodeCache(tmp_path / "cache")
+    paths = []
+    for i in range(4):
+        entry = entry_id(str(i))
+        path, _ = cache.ensure(entry, lambda p, i=i: p.write_bytes(bytes(1000)))
+        paths.append(path)
+    (tmp_path / "mount").mkdir()
+    (tmp_path / "mount" / "in-use").hardlink_to(paths[0])  # the oldest, but mounted
+    removed = cache.evict(max_bytes=2000)
+    assert paths[0].exists(), "an entry a job has mounted is never evicted"
+    assert [e.path for e in removed] == [paths[1], paths[2]]
+    assert paths[3].exists()
