@@ -187,3 +187,65 @@ def test_eviction_keeps_entries_in_use(tmp_path: Path) -> None:
     assert paths[0].exists(), "an entry a job has mounted is never evicted"
     assert [e.path for e in removed] == [paths[1], paths[2]]
     assert paths[3].exists()
+
+
+def test_cluster_tier_serves_a_second_node(
+    agent: Agent, seaweed: servers.SeaweedFS, hub: servers.Olah
+) -> None:
+    env = {**_env(agent, seaweed, hub), "BT_CLUSTER_CACHE_DIR": str(agent.root / "cluster")}
+    url = _seed_s3(seaweed, {"a.bin": b"a" * 100, "b.bin": b"b" * 200})
+    weights = [{"source": url, "mount_location": "/d", "auth_secret_name": "s3_creds"}]
+    first = agent.run_job(_job(weights, "true"), "--node-root", str(agent.root / "n1"), env=env)
+    assert first.code == 0, first.text
+    assert "from the cluster cache" not in first.err
+    second = agent.run_job(
+        _job(weights, "cat $BT_WORKING_DIR/../../d/b.bin"),
+        "--node-root",
+        str(agent.root / "n2"),
+        env=env,
+    )
+    assert second.code == 0, second.text
+    assert "2 from the cluster cache" in second.err
+    assert second.out == "b" * 200
+
+
+def test_stage_and_cache_commands(
+    agent: Agent, seaweed: servers.SeaweedFS, hub: servers.Olah
+) -> None:
+    env = _env(agent, seaweed, hub)
+    url = _seed_s3(seaweed, {f"f{i}.bin": bytes([i]) * 1000 for i in range(3)})
+    spec = agent.spec(
+        _job([{"source": url, "mount_location": "/d", "auth_secret_name": "s3_creds"}], "true")
+    )
+    staged = agent("stage", str(spec), *agent.context_args(), env=env)
+    assert staged.code == 0, staged.text
+    assert "3 to fetch" in staged.err and (agent.node_root / "d" / "f2.bin").is_file()
+    assert not agent.store.exists(), "stage writes no job records"
+    node = ["--node-root", str(agent.node_root)]
+    summary = agent("cache", "summarize", *node, "-o", "json")
+    entries = json.loads(summary.out)
+    assert len(entries) == 3 and all(e["in_use"] and e["size"] == 1000 for e in entries)
+    pruned = agent("cache", "prune", *node, "--max-bytes", "0")
+    assert "evicted 0 entries" in pruned.out, "mounted entries are kept"
+    for path in (agent.node_root / "d").iterdir():
+        path.unlink()
+    pruned = agent("cache", "prune", *node, "--max-bytes", "1500")
+    assert "evicted 2 entries" in pruned.out
+
+
+def test_sigterm_while_staging(agent: Agent, seaweed: servers.SeaweedFS, hub: servers.Olah) -> None:
+    import signal
+
+    from conftest import finish, wait_for
+
+    env = _env(agent, seaweed, hub)
+    url = _seed_s3(seaweed, {f"part-{i:04d}.bin": bytes(2000) for i in range(400)})
+    ran = agent.root / "ran"
+    weights = [{"source": url, "mount_location": "/d", "auth_secret_name": "s3_creds"}]
+    process = agent.start(_job(weights, f"touch {ran}"), env=env)
+    wait_for(lambda: "to fetch" in agent.output(), what="staging to start")
+    process.send_signal(signal.SIGTERM)
+    assert finish(process, 30, agent) == 143
+    node = json.loads(next(agent.store.glob("projects/*/jobs/*/nodes/rank-0.json")).read_text())
+    assert node["status"] == "TRAINING_JOB_STOPPED"
+    assert not ran.exists() and not (agent.node_root / "d").exists()

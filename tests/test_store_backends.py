@@ -42,8 +42,12 @@ def _run_and_view(agent: Agent, store: str, env: dict[str, str]) -> None:
 def test_store_on_s3(agent: Agent, seaweed: servers.SeaweedFS) -> None:
     bucket = f"store{uuid.uuid4().hex[:8]}"
     seaweed.create_bucket(bucket)
-    env = {"AWS_ENDPOINT_URL": seaweed.endpoint, "AWS_ACCESS_KEY_ID": servers.ACCESS_KEY,
-           "AWS_SECRET_ACCESS_KEY": servers.SECRET_KEY, "AWS_DEFAULT_REGION": "us-east-1"}
+    env = {
+        "AWS_ENDPOINT_URL": seaweed.endpoint,
+        "AWS_ACCESS_KEY_ID": servers.ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": servers.SECRET_KEY,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     _run_and_view(agent, f"s3://{bucket}/bt", env)
 
 
@@ -54,8 +58,12 @@ def test_store_on_gcs(agent: Agent, gcs: servers.FakeGCS) -> None:
 
 
 def test_unreachable_store_is_a_clear_error(agent: Agent, tmp_path: Path) -> None:
-    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "k",
-           "AWS_SECRET_ACCESS_KEY": "s", "AWS_DEFAULT_REGION": "us-east-1"}
+    env = {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+        "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     result = agent("jobs", "list", "--store", "s3://nowhere/bt", env=env, timeout=120)
     assert result.code == 1
     assert "s3://nowhere/bt" in result.err and "cannot reach" in result.err

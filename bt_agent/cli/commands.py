@@ -96,6 +96,63 @@ def validate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+def stage(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from bt_agent.log import AgentLog
+    from bt_agent.staging.weights import stage_job_weights
+
+    plan = _plan(args, Environ.current())
+    try:
+        plans = stage_job_weights(
+            plan.spec.job,
+            plan.context,
+            plan.environ,
+            plan.secrets,
+            AgentLog(err, plan.secrets.redact),
+        )
+    except InterruptedError:
+        return 130
+    out.write(f"staged {len(plans)} weights source(s)\n")
+    return 0
+
+
+def cache(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from bt_agent.context import Layout
+    from bt_agent.records import now_iso
+    from bt_agent.settings import NODE_CACHE_DIR_VARIABLE, NODE_CACHE_MAX_BYTES_VARIABLE
+    from bt_agent.staging.cache import NodeCache
+
+    environ = Environ.current()
+    root = args.node_root or environ.context_value("node_root")
+    layout = Layout(Path(root).absolute() if root else None)
+    node_cache = NodeCache.for_node(layout.host, environ.get(NODE_CACHE_DIR_VARIABLE))
+    if args.cache_command == "prune":
+        budget = args.max_bytes
+        if budget is None:
+            budget = int(environ.get(NODE_CACHE_MAX_BYTES_VARIABLE) or 0)
+        removed = node_cache.evict(budget)
+        freed = sum(e.size for e in removed)
+        out.write(f"evicted {len(removed)} entries ({freed} bytes) from {node_cache.root}\n")
+        return 0
+    entries = sorted(node_cache.entries(), key=lambda e: e.last_used, reverse=True)
+    rows = [
+        {
+            "entry": e.path.name[:16],
+            "size": e.size,
+            "last_used": now_iso(e.last_used),
+            "in_use": e.in_use,
+        }
+        for e in entries
+    ]
+    out.write(render(rows, ("entry", "size", "last_used", "in_use"), args.output) + "\n")
+    if args.output == "table":
+        total = sum(e.size for e in entries)
+        out.write(
+            f"{len(entries)} entries, {total} bytes, "
+            f"{sum(e.in_use for e in entries)} in use, in {node_cache.root}\n"
+        )
+    return 0
+
+
 def env(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     plan = _plan(args, Environ.current())
     out.write("\n".join(plan.env.export_lines()) + "\n")

@@ -106,6 +106,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     validate.add_argument("-o", "--output", choices=("text", "json"), default="text")
 
+    stage = commands.add_parser(
+        "stage",
+        help="stage the weights only, through the node cache (pre-warm a node)",
+        description="Plan and fetch every weights source into the node cache and mount it, "
+        "as the DEPLOYING phase of `run` does, without running anything or writing records.",
+    )
+    _add_spec(stage)
+
+    cache = commands.add_parser("cache", help="inspect or prune the node cache")
+    cache_commands = cache.add_subparsers(dest="cache_command", metavar="SUBCOMMAND", required=True)
+    for name, text in (
+        ("summarize", "entries, sizes and last use"),
+        ("prune", "evict least recently used entries no job has mounted"),
+    ):
+        sub = cache_commands.add_parser(name, help=text)
+        sub.add_argument(
+            "--node-root",
+            metavar="BT_NODE_ROOT",
+            help="the node root of a local layout [$BT_NODE_ROOT]",
+        )
+        if name == "prune":
+            sub.add_argument(
+                "--max-bytes",
+                type=int,
+                default=None,
+                help="budget to prune to (default $BT_NODE_CACHE_MAX_BYTES, else 0)",
+            )
+        else:
+            _add_format(sub)
+
     env = commands.add_parser(
         "env",
         help="print the start_commands' environment as export lines",
@@ -161,6 +191,8 @@ def dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         "validate": commands.validate,
         "env": commands.env,
         "jobs": commands.jobs,
+        "stage": commands.stage,
+        "cache": commands.cache,
     }
     result: int = handlers[args.command](args, out, err)
     return result

@@ -11,10 +11,25 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import shutil
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+#: The node cache, as a container path (mapped under the node root on local runs).
+NODE_CACHE_CONTAINER_DIR = "/var/cache/bt-agent/node"
+
+
+def copy_atomic(source: Path, target: Path) -> None:
+    """Copy through a unique temporary file beside ``target``, then rename into place."""
+    partial = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        shutil.copyfile(source, partial)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def entry_id(*parts: str) -> str:
@@ -30,6 +45,11 @@ class Entry:
 
 
 class NodeCache:
+    @classmethod
+    def for_node(cls, host: Callable[[str], Path], given: str | None) -> NodeCache:
+        """``BT_NODE_CACHE_DIR`` when given, else the container path under the node root."""
+        return cls(Path(given) if given else host(NODE_CACHE_CONTAINER_DIR))
+
     def __init__(self, root: Path) -> None:
         self.root = root
         self.objects = root / "objects"

@@ -12,17 +12,25 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from bt_agent.context import NodeContext
 from bt_agent.errors import StagingError, StoreError, UsageError
 from bt_agent.log import AgentLog
-from bt_agent.settings import Environ
-from bt_agent.spec.models import WeightsSource
-from bt_agent.staging.cache import NodeCache, entry_id
+from bt_agent.secrets import Secrets
+from bt_agent.settings import (
+    CLUSTER_CACHE_DIR_VARIABLE,
+    NODE_CACHE_DIR_VARIABLE,
+    NODE_CACHE_MAX_BYTES_VARIABLE,
+    Environ,
+)
+from bt_agent.spec.models import TrainingJob, WeightsSource
+from bt_agent.staging.cache import NodeCache, copy_atomic, entry_id
 from bt_agent.staging.patterns import selected
 from bt_agent.storage import ObjectInfo, ObjectStore, open_store
 from bt_agent.storage.hf import HFStore
@@ -78,6 +86,31 @@ def _mb(size: int) -> str:
     return f"{size / 1e6:,.1f} MB"
 
 
+def stage_job_weights(
+    job: TrainingJob,
+    context: NodeContext,
+    environ: Environ,
+    secrets: Secrets,
+    log: AgentLog,
+    stopping: Callable[[], bool] = lambda: False,
+) -> list[SourcePlan]:
+    """Stage a job's weights through this node's cache (and the cluster tier, when set), then
+    keep the cache within its budget (``BT_NODE_CACHE_MAX_BYTES``)."""
+    host = context.layout.host
+    cache = NodeCache.for_node(host, environ.get(NODE_CACHE_DIR_VARIABLE))
+    cluster_dir = environ.get(CLUSTER_CACHE_DIR_VARIABLE)
+    cluster = NodeCache(Path(cluster_dir)) if cluster_dir else None
+    stager = WeightsStager(cache, log, environ, secrets.values, host, stopping, cluster)
+    plans = stager.stage(job.weights)
+    budget = environ.get(NODE_CACHE_MAX_BYTES_VARIABLE)
+    if budget and budget.isdigit():
+        removed = cache.evict(int(budget))
+        if removed:
+            freed = _mb(sum(e.size for e in removed))
+            log.info(f"node cache: evicted {len(removed)} least recently used entries ({freed})")
+    return plans
+
+
 class WeightsStager:
     def __init__(
         self,
@@ -87,8 +120,12 @@ class WeightsStager:
         secrets: dict[str, str],
         mount_path: Callable[[str], Path],
         stopping: Callable[[], bool] = lambda: False,
+        cluster: NodeCache | None = None,
     ) -> None:
         self.cache = cache
+        self.cluster = cluster
+        self.cluster_hits = 0
+        self._count_lock = threading.Lock()
         self.log = log
         self.environ = environ
         self.secrets = secrets
@@ -152,9 +189,7 @@ class WeightsStager:
         def one(item: PlannedFile) -> None:
             if self.stopping():
                 raise InterruptedError("stop requested")
-            self.cache.ensure(
-                item.entry, lambda path: plan.store.download(item.info.key, path, item.info)
-            )
+            self.cache.ensure(item.entry, lambda path: self._fill(plan, item, path))
 
         try:
             with ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="bt-stage") as pool:
@@ -164,10 +199,25 @@ class WeightsStager:
         except (StoreError, OSError) as exc:
             raise self._fail(plan, plan.weights, exc) from exc
         seconds = max(time.monotonic() - started, 1e-6)
+        tier = f", {self.cluster_hits} from the cluster cache" if self.cluster_hits else ""
+        self.cluster_hits = 0
         self.log.info(
             f"weights[{plan.index}] fetched {_mb(need)} in {seconds:.1f} s "
-            f"({need / seconds / 1e6:,.0f} MB/s)"
+            f"({need / seconds / 1e6:,.0f} MB/s{tier})"
         )
+
+    def _fill(self, plan: SourcePlan, item: PlannedFile, path: Path) -> None:
+        """A node cache miss: from the cluster tier if it has the entry, else from the source,
+        and then into the cluster tier for the next node."""
+        cluster = self.cluster
+        if cluster is not None and cluster.has(item.entry):
+            copy_atomic(cluster.path(item.entry), path)
+            with self._count_lock:
+                self.cluster_hits += 1
+            return
+        plan.store.download(item.info.key, path, item.info)
+        if cluster is not None:
+            cluster.ensure(item.entry, lambda shared: copy_atomic(path, shared))
 
     def _mount(self, plan: SourcePlan) -> None:
         mount = plan.mount

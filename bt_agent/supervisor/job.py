@@ -26,9 +26,8 @@ from bt_agent.errors import BtAgentError, StagingError
 from bt_agent.log import AgentLog
 from bt_agent.records import CommandResult, JobRecord, JobStatus, NodeRecord, now_iso
 from bt_agent.secrets import Secrets
-from bt_agent.settings import NODE_CACHE_DIR_VARIABLE, NODE_CACHE_MAX_BYTES_VARIABLE, Environ
+from bt_agent.settings import Environ
 from bt_agent.spec.loader import LoadedSpec
-from bt_agent.staging.cache import NodeCache
 from bt_agent.supervisor import tree
 from bt_agent.supervisor.logship import LogShipper
 from bt_agent.supervisor.output import OutputPump
@@ -41,8 +40,6 @@ SHUTDOWN_RESERVE_SECONDS = 2.0
 #: How long leftover processes get between SIGTERM and SIGKILL when the job ends normally.
 CLEANUP_SECONDS = 2.0
 MAX_CODE_FILES = 10_000
-#: The node cache, as a container path (mapped under the node root on local runs).
-NODE_CACHE_CONTAINER_DIR = "/var/cache/bt-agent/node"
 #: Never copied from the code directory into the working directory.
 CODE_IGNORE = (".git", "__pycache__", ".venv", "node_modules", ".mypy_cache", ".pytest_cache")
 
@@ -182,37 +179,22 @@ class JobRunner:
             ) from exc
         self._stage_weights()
 
-    def _node_cache(self) -> NodeCache:
-        environ = self.plan.environ
-        given = environ.get(NODE_CACHE_DIR_VARIABLE)
-        return NodeCache(
-            Path(given) if given else self.plan.context.layout.host(NODE_CACHE_CONTAINER_DIR)
-        )
-
     def _stage_weights(self) -> None:
-        weights = self.plan.spec.job.weights
-        if not weights:
+        if not self.plan.spec.job.weights:
             return
-        from bt_agent.staging.weights import WeightsStager
+        from bt_agent.staging.weights import stage_job_weights
 
-        cache = self._node_cache()
-        stager = WeightsStager(
-            cache,
-            self.log,
-            self.plan.environ,
-            self.plan.secrets.values,
-            self.plan.context.layout.host,
-            lambda: self.relay.stopping,
-        )
         try:
-            stager.stage(weights)
+            stage_job_weights(
+                self.plan.spec.job,
+                self.plan.context,
+                self.plan.environ,
+                self.plan.secrets,
+                self.log,
+                lambda: self.relay.stopping,
+            )
         except InterruptedError:
             raise StopRequested from None
-        budget = self.plan.environ.get(NODE_CACHE_MAX_BYTES_VARIABLE)
-        if budget and budget.isdigit():
-            removed = cache.evict(int(budget))
-            if removed:
-                self.log.info(f"node cache: evicted {len(removed)} least recently used entries")
 
     def _copy_code(self, working: Path) -> None:
         """Put the user's code in the working dir, as the platform extracts it there."""
