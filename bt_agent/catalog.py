@@ -5,6 +5,8 @@
     projects/<project>/jobs/<job_id>/job.json
     projects/<project>/jobs/<job_id>/nodes/rank-<N>.json
     projects/<project>/jobs/<job_id>/logs/rank-<N>.log
+    projects/<project>/jobs/<job_id>/checkpoints/rank-<N>/<checkpoint>/<relpath>
+    projects/<project>/jobs/<job_id>/manifests/rank-<N>/<checkpoint>.json   written last
     jobs/<job_id>.json                                   {"project": ...}
 """
 
@@ -16,12 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from bt_agent.errors import NotFoundError, RecordNotFoundError, StoreError
-from bt_agent.records import JobRecord, JobStatus, NodeRecord, aggregate_status
+from bt_agent.records import JobRecord, JobStatus, Manifest, NodeRecord, aggregate_status
 from bt_agent.storage import ObjectStore
 
 
 def job_prefix(project: str, job_id: str) -> str:
     return f"projects/{project}/jobs/{job_id}"
+
+
+def checkpoint_prefix(project: str, job_id: str, rank: int, checkpoint: str) -> str:
+    return f"{job_prefix(project, job_id)}/checkpoints/rank-{rank}/{checkpoint}"
 
 
 @dataclass(frozen=True)
@@ -106,3 +112,17 @@ class Catalog:
         views = [self.view(job_id) for job_id in ids]
         chosen = [v for v in views if project is None or v.job.project == project]
         return sorted(chosen, key=lambda v: v.job.created_at, reverse=True)
+
+    def write_manifest(self, manifest: Manifest) -> None:
+        """Commit a checkpoint. Call only once every file it names is durable in the store."""
+        prefix = job_prefix(manifest.project, manifest.job_id)
+        key = f"{prefix}/manifests/rank-{manifest.node_rank}/{manifest.checkpoint}.json"
+        self._write_json(key, manifest.to_dict())
+
+    def manifests(self, project: str, job_id: str, rank: int | None = None) -> list[Manifest]:
+        """The committed checkpoints of a job (one node's, or every node's)."""
+        prefix = f"{job_prefix(project, job_id)}/manifests/"
+        if rank is not None:
+            prefix += f"rank-{rank}/"
+        return [Manifest.from_dict(self._read_json(info.key))
+                for info in self.store.list(prefix) if info.key.endswith(".json")]

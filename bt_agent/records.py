@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -138,3 +139,52 @@ def aggregate_status(record: JobRecord, nodes: list[NodeRecord]) -> JobStatus:
     if len(nodes) < record.node_count and statuses <= {JobStatus.COMPLETED}:
         return JobStatus.RUNNING if nodes else JobStatus.CREATED
     return next((s for s in _AGGREGATE_ORDER if s in statuses), JobStatus.CREATED)
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    path: str  # relative to the checkpoint's directory
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A committed checkpoint: written last, once every file it names is durable in the store.
+
+    ``created_at`` is the newest modification time among its files (DESIGN.md §3)."""
+
+    job_id: str
+    project: str
+    node_rank: int
+    checkpoint: str
+    created_at: str
+    committed_at: str
+    files: list[ManifestFile]
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        return cls(job_id=data["job_id"], project=data["project"],
+                   node_rank=int(data["node_rank"]), checkpoint=data["checkpoint"],
+                   created_at=data["created_at"], committed_at=data["committed_at"],
+                   files=[ManifestFile(**f) for f in data["files"]])
+
+
+def natural_key(name: str) -> list[tuple[int, int | str]]:
+    """``checkpoint-10`` sorts after ``checkpoint-9``."""
+    return [(0, int(part)) if part.isdigit() else (1, part)
+            for part in re.split(r"(\d+)", name) if part]
+
+
+def latest_manifest(manifests: list[Manifest]) -> Manifest | None:
+    """The greatest ``created_at``; ties go to the name that sorts last in natural order."""
+    if not manifests:
+        return None
+    return max(manifests, key=lambda m: (m.created_at, natural_key(m.checkpoint)))

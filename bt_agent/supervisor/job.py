@@ -178,6 +178,25 @@ class JobRunner:
                 f"cannot prepare {exc.filename or 'the job directories'}: {exc.strerror or exc}"
             ) from exc
         self._stage_weights()
+        self._load_checkpoints()
+
+    def _load_checkpoints(self) -> None:
+        references = self.plan.spec.job.runtime.checkpoints_to_load
+        if not references:
+            return
+        from bt_agent.staging.checkpoints import CheckpointLoader
+
+        loader = CheckpointLoader(
+            self.catalog,
+            self.plan.context,
+            self.plan.dirs.loaded_checkpoints,
+            self.log,
+            lambda: self.relay.stopping,
+        )
+        try:
+            loader.load(references)
+        except InterruptedError:
+            raise StopRequested from None
 
     def _stage_weights(self) -> None:
         if not self.plan.spec.job.weights:

@@ -1,0 +1,164 @@
+"""Loaded checkpoints: resolve each reference through the store's catalogue, then download its
+files into ``$BT_LOAD_CHECKPOINT_DIR/rank-<node_rank>/<checkpoint>/``, verified against the
+manifest's sha256, before the first command runs.
+
+Rules (REFERENCE.md §4, DESIGN.md §3): only committed checkpoints (a manifest exists) count; the
+current job is never a source; "latest" is the most recent job (by ``created_at``) that has a
+committed checkpoint, and its checkpoint with the greatest ``created_at`` (ties: the name that
+sorts last naturally). A node loads its own rank's checkpoint when the source job had that many
+nodes, else rank 0, and says which.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bt_agent.catalog import Catalog, checkpoint_prefix
+from bt_agent.context import NodeContext
+from bt_agent.errors import NotFoundError, StagingError, StoreError
+from bt_agent.log import AgentLog
+from bt_agent.records import Manifest, latest_manifest, natural_key
+from bt_agent.spec.models import CheckpointReference, LatestCheckpoint, NamedCheckpoint
+from bt_agent.storage import ObjectInfo
+
+
+@dataclass(frozen=True)
+class Resolved:
+    index: int
+    manifest: Manifest
+
+    @property
+    def label(self) -> str:
+        m = self.manifest
+        return f"{m.checkpoint} of job {m.job_id} (project {m.project}, rank {m.node_rank})"
+
+
+class CheckpointLoader:
+    def __init__(self, catalog: Catalog, context: NodeContext, load_dir: Path, log: AgentLog,
+                 stopping: Callable[[], bool] = lambda: False) -> None:
+        self.catalog = catalog
+        self.context = context
+        self.load_dir = load_dir
+        self.log = log
+        self.stopping = stopping
+
+    def load(self, references: list[CheckpointReference]) -> list[Resolved]:
+        resolved = [self.resolve(i, ref) for i, ref in enumerate(references)]
+        self._refuse_collisions(resolved)
+        for item in resolved:
+            self._download(item)
+        return resolved
+
+    # --- resolution ------------------------------------------------------------------------
+
+    def resolve(self, index: int, ref: CheckpointReference) -> Resolved:
+        where = f"runtime.load_checkpoint_config.checkpoints[{index}]"
+        try:
+            if isinstance(ref, NamedCheckpoint):
+                manifest = self._named(ref)
+            elif isinstance(ref, LatestCheckpoint):
+                manifest = self._latest(ref)
+            else:
+                raise StagingError(f"{ref.typ} references cannot be loaded by bt-agent")
+        except StagingError as exc:
+            raise StagingError(f"{where}: {exc}") from exc
+        except StoreError as exc:
+            raise StagingError(f"{where}: {exc}") from exc
+        item = Resolved(index, manifest)
+        self.log.info(f"checkpoints[{index}]: loading {item.label}")
+        return item
+
+    def _project_of(self, job_id: str, project: str | None) -> str:
+        try:
+            found = self.catalog.project_of(job_id)
+        except NotFoundError:
+            raise StagingError(f"no job {job_id!r} in the store {self.catalog.store.url}") from None
+        if project is not None and project != found:
+            raise StagingError(f"job {job_id!r} belongs to project {found!r}, not {project!r}")
+        return found
+
+    def _rank_for(self, job_id: str) -> int:
+        """This node's rank when the source job had that many nodes, else rank 0."""
+        nodes = self.catalog.view(job_id).job.node_count
+        rank = self.context.node_rank if self.context.node_rank < nodes else 0
+        if rank != self.context.node_rank:
+            self.log.info(f"job {job_id} ran on {nodes} node(s): node {self.context.node_rank} "
+                          f"loads rank {rank}'s checkpoint")
+        return rank
+
+    def _named(self, ref: NamedCheckpoint) -> Manifest:
+        if ref.job_id == self.context.job_id:
+            raise StagingError("a job cannot load its own checkpoints")
+        project = self._project_of(ref.job_id, None)
+        rank = self._rank_for(ref.job_id)
+        manifests = self.catalog.manifests(project, ref.job_id, rank)
+        for manifest in manifests:
+            if manifest.checkpoint == ref.checkpoint_name:
+                return manifest
+        names = ", ".join(sorted((m.checkpoint for m in manifests), key=natural_key)) or "none"
+        raise StagingError(f"job {ref.job_id} has no committed checkpoint "
+                           f"{ref.checkpoint_name!r} on rank {rank}; committed: {names}")
+
+    def _latest(self, ref: LatestCheckpoint) -> Manifest:
+        if ref.job_id:
+            if ref.job_id == self.context.job_id:
+                raise StagingError("a job cannot load its own checkpoints")
+            project = self._project_of(ref.job_id, ref.project_name)
+            candidates = [ref.job_id]
+        else:
+            project = ref.project_name or self.context.project
+            views = self.catalog.jobs(project)
+            candidates = [v.job.job_id for v in views if v.job.job_id != self.context.job_id]
+        for job_id in candidates:
+            manifests = self.catalog.manifests(project, job_id, self._rank_for(job_id))
+            latest = latest_manifest(manifests)
+            if latest is not None:
+                return latest
+        if ref.job_id:
+            raise StagingError(f"job {ref.job_id} has no committed checkpoints")
+        jobs = ", ".join(candidates) or "none"
+        raise StagingError(f"project {project!r} has no committed checkpoints; its jobs are: "
+                           f"{jobs}")
+
+    def _refuse_collisions(self, resolved: list[Resolved]) -> None:
+        seen: dict[str, Resolved] = {}
+        for item in resolved:
+            name = item.manifest.checkpoint
+            if name in seen:
+                raise StagingError(
+                    f"runtime.load_checkpoint_config.checkpoints[{item.index}] ({item.label}) "
+                    f"would land at the same path as checkpoints[{seen[name].index}] "
+                    f"({seen[name].label}): rank-{self.context.node_rank}/{name}; load only one")
+            seen[name] = item
+
+    # --- download --------------------------------------------------------------------------
+
+    def _download(self, item: Resolved) -> None:
+        m = item.manifest
+        base = self.load_dir / f"rank-{self.context.node_rank}"
+        target = base / m.checkpoint
+        partial = base / f".{m.checkpoint}.loading-{os.getpid()}"
+        shutil.rmtree(partial, ignore_errors=True)
+        prefix = checkpoint_prefix(m.project, m.job_id, m.node_rank, m.checkpoint)
+        store = self.catalog.store
+        try:
+            for entry in m.files:
+                if self.stopping():
+                    raise InterruptedError("stop requested")
+                key = f"{prefix}/{entry.path}"
+                expected = ObjectInfo(key, entry.size, None, entry.sha256)
+                store.download(key, partial.joinpath(*entry.path.split("/")), expected)
+            if target.exists():
+                shutil.rmtree(target)
+            partial.mkdir(parents=True, exist_ok=True)  # a checkpoint may hold no file
+            os.replace(partial, target)
+        except StoreError as exc:
+            raise StagingError(f"checkpoints[{item.index}] {item.label}: {exc}") from exc
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+        self.log.info(f"checkpoints[{item.index}]: {len(m.files)} files, {m.size / 1e6:,.1f} MB "
+                      f"-> {target}")

@@ -1,0 +1,197 @@
+"""Loading checkpoints before the commands run: latest and named references, per-node shards,
+verification and conflicts. Source jobs are committed through the catalogue (as the checkpoint
+sidecar commits them); the loading job runs through the real CLI."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from conftest import Agent
+
+from bt_agent.catalog import Catalog, checkpoint_prefix
+from bt_agent.records import JobRecord, Manifest, ManifestFile
+from bt_agent.storage import FileStore
+
+
+def commit(
+    agent: Agent,
+    project: str,
+    job_id: str,
+    checkpoint: str,
+    files: dict[str, bytes],
+    created_at: str,
+    rank: int = 0,
+    node_count: int = 1,
+    job_created: str = "2026-01-01T00:00:00.000Z",
+) -> None:
+    catalog = Catalog(FileStore(agent.store))
+    catalog.create_job(JobRecord(job_id, project, None, job_created, node_count, {}))
+    prefix = checkpoint_prefix(project, job_id, rank, checkpoint)
+    entries = []
+    for path, data in files.items():
+        catalog.store.write_bytes(f"{prefix}/{path}", data)
+        entries.append(ManifestFile(path, len(data), hashlib.sha256(data).hexdigest()))
+    catalog.write_manifest(
+        Manifest(job_id, project, rank, checkpoint, created_at, created_at, entries)
+    )
+
+
+def load_job(*references: dict[str, Any], command: str = "true") -> dict[str, Any]:
+    return {
+        "image": {"base_image": "x"},
+        "runtime": {
+            "start_commands": [command],
+            "load_checkpoint_config": {"enabled": True, "checkpoints": list(references)},
+        },
+    }
+
+
+def loaded(agent: Agent, rank: int = 0) -> Path:
+    return agent.node_root / "tmp" / "loaded_checkpoints" / f"rank-{rank}"
+
+
+def test_latest_of_a_project_is_the_most_recent_job_with_a_checkpoint(agent: Agent) -> None:
+    commit(agent, "p", "old1234", "checkpoint-10", {"w.bin": b"10"}, "2026-01-01T01:00:00Z")
+    commit(agent, "p", "old1234", "checkpoint-20", {"w.bin": b"20"}, "2026-01-01T02:00:00Z")
+    commit(
+        agent,
+        "p",
+        "new5678",
+        "checkpoint-5",
+        {"w.bin": b"5"},
+        "2026-01-02T01:00:00Z",
+        job_created="2026-01-02T00:00:00.000Z",
+    )
+    result = agent.run_job(load_job({"typ": "baseten_latest_checkpoint", "project_name": "p"}))
+    assert result.code == 0, result.text
+    assert (loaded(agent) / "checkpoint-5" / "w.bin").read_bytes() == b"5"
+    assert "loading checkpoint-5 of job new5678" in result.err
+
+
+def test_latest_of_a_job_and_natural_ties(agent: Agent) -> None:
+    same = "2026-01-01T01:00:00Z"
+    commit(agent, "p", "job1234", "checkpoint-9", {"a": b"9"}, same)
+    commit(agent, "p", "job1234", "checkpoint-10", {"a": b"10", "sub/b": b"x"}, same)
+    result = agent.run_job(load_job({"typ": "baseten_latest_checkpoint", "job_id": "job1234"}))
+    assert result.code == 0, result.text
+    assert (loaded(agent) / "checkpoint-10" / "sub" / "b").read_bytes() == b"x"
+    assert not (loaded(agent) / "checkpoint-9").exists()
+
+
+def test_no_arguments_means_the_current_project(agent: Agent) -> None:
+    commit(agent, "mine", "prev123", "checkpoint-3", {"s": b"3"}, "2026-01-01T01:00:00Z")
+    commit(
+        agent,
+        "other",
+        "oth1234",
+        "checkpoint-9",
+        {"s": b"9"},
+        "2026-01-03T01:00:00Z",
+        job_created="2026-01-03T00:00:00.000Z",
+    )
+    result = agent.run_job(load_job({}), "--project", "mine")
+    assert result.code == 0, result.text
+    assert (loaded(agent) / "checkpoint-3" / "s").read_bytes() == b"3"
+
+
+def test_named_checkpoint(agent: Agent) -> None:
+    commit(
+        agent, "p", "job1234", "checkpoint-10", {"m.safetensors": b"ten"}, "2026-01-01T01:00:00Z"
+    )
+    commit(
+        agent, "p", "job1234", "checkpoint-20", {"m.safetensors": b"twenty"}, "2026-01-01T02:00:00Z"
+    )
+    ref = {
+        "typ": "baseten_named_checkpoint",
+        "checkpoint_name": "checkpoint-10",
+        "job_id": "job1234",
+    }
+    command = 'cat "$BT_LOAD_CHECKPOINT_DIR/rank-0/checkpoint-10/m.safetensors"'
+    result = agent.run_job(load_job(ref, command=command))
+    assert result.code == 0, result.text
+    assert result.out == "ten"
+
+
+def test_named_checkpoint_that_does_not_exist(agent: Agent) -> None:
+    commit(agent, "p", "job1234", "checkpoint-10", {"a": b"1"}, "2026-01-01T01:00:00Z")
+    ran = agent.root / "ran"
+    ref = {
+        "typ": "baseten_named_checkpoint",
+        "checkpoint_name": "checkpoint-99",
+        "job_id": "job1234",
+    }
+    result = agent.run_job(load_job(ref, command=f"touch {ran}"))
+    assert result.code == 3
+    assert "no committed checkpoint 'checkpoint-99'" in result.err
+    assert "committed: checkpoint-10" in result.err and not ran.exists()
+
+
+def test_project_without_committed_checkpoints(agent: Agent) -> None:
+    Catalog(FileStore(agent.store)).create_job(
+        JobRecord("empty12", "lonely", None, "2026-01-01T00:00:00Z", 1, {})
+    )
+    result = agent.run_job(load_job({"typ": "baseten_latest_checkpoint", "project_name": "lonely"}))
+    assert result.code == 3
+    assert "project 'lonely' has no committed checkpoints; its jobs are: empty12" in result.err
+    assert (
+        agent.job_view(
+            next(p.stem for p in (agent.store / "jobs").glob("*.json") if p.stem != "empty12")
+        )["status"]
+        == "TRAINING_JOB_DEPLOY_FAILED"
+    )
+
+
+def test_each_node_loads_its_own_shard(agent: Agent) -> None:
+    for rank in (0, 1):
+        commit(
+            agent,
+            "p",
+            "multi12",
+            "checkpoint-4",
+            {"shard.bin": f"rank{rank}".encode()},
+            "2026-01-01T01:00:00Z",
+            rank=rank,
+            node_count=2,
+        )
+    ref = {"typ": "baseten_latest_checkpoint", "job_id": "multi12"}
+    args = ["--group-size", "2", "--node-rank", "1", "--leader-addr", "127.0.0.1"]
+    result = agent.run_job(load_job(ref), *args)
+    assert result.code == 0, result.text
+    assert (loaded(agent, 1) / "checkpoint-4" / "shard.bin").read_bytes() == b"rank1"
+
+
+def test_a_node_beyond_the_source_jobs_nodes_loads_rank_0(agent: Agent) -> None:
+    commit(agent, "p", "single1", "checkpoint-4", {"w": b"rank0"}, "2026-01-01T01:00:00Z")
+    ref = {"typ": "baseten_latest_checkpoint", "job_id": "single1"}
+    args = ["--group-size", "2", "--node-rank", "1", "--leader-addr", "127.0.0.1"]
+    result = agent.run_job(load_job(ref), *args)
+    assert result.code == 0, result.text
+    assert "node 1 loads rank 0's checkpoint" in result.err
+    assert (loaded(agent, 1) / "checkpoint-4" / "w").read_bytes() == b"rank0"
+
+
+def test_corrupted_file_is_refused_and_nothing_partial_is_left(agent: Agent) -> None:
+    commit(
+        agent, "p", "job1234", "checkpoint-1", {"a": b"good", "b": b"fine"}, "2026-01-01T01:00:00Z"
+    )
+    stored = agent.store / checkpoint_prefix("p", "job1234", 0, "checkpoint-1") / "b"
+    stored.write_bytes(b"evil")  # same size, other content
+    result = agent.run_job(load_job({"typ": "baseten_latest_checkpoint", "job_id": "job1234"}))
+    assert result.code == 3 and "sha256" in result.err
+    base = loaded(agent)
+    leftovers = list(base.rglob("*")) if base.exists() else []
+    assert leftovers == [], "no partial checkpoint left in the load dir"
+
+
+def test_two_references_landing_on_one_path(agent: Agent) -> None:
+    commit(agent, "p", "aaa1111", "checkpoint-7", {"a": b"1"}, "2026-01-01T01:00:00Z")
+    commit(agent, "p", "bbb2222", "checkpoint-7", {"a": b"2"}, "2026-01-01T02:00:00Z")
+    result = agent.run_job(
+        load_job(
+            {"typ": "baseten_latest_checkpoint", "job_id": "aaa1111"},
+            {"typ": "baseten_latest_checkpoint", "job_id": "bbb2222"},
+        )
+    )
+    assert result.code == 3 and "would land at the same path" in result.err
