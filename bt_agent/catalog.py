@@ -124,5 +124,8 @@ class Catalog:
         prefix = f"{job_prefix(project, job_id)}/manifests/"
         if rank is not None:
             prefix += f"rank-{rank}/"
-        return [Manifest.from_dict(self._read_json(info.key))
-                for info in self.store.list(prefix) if info.key.endswith(".json")]
+        return [
+            Manifest.from_dict(self._read_json(info.key))
+            for info in self.store.list(prefix)
+            if info.key.endswith(".json")
+        ]

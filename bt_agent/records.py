@@ -171,16 +171,22 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
-        return cls(job_id=data["job_id"], project=data["project"],
-                   node_rank=int(data["node_rank"]), checkpoint=data["checkpoint"],
-                   created_at=data["created_at"], committed_at=data["committed_at"],
-                   files=[ManifestFile(**f) for f in data["files"]])
+        return cls(
+            job_id=data["job_id"],
+            project=data["project"],
+            node_rank=int(data["node_rank"]),
+            checkpoint=data["checkpoint"],
+            created_at=data["created_at"],
+            committed_at=data["committed_at"],
+            files=[ManifestFile(**f) for f in data["files"]],
+        )
 
 
 def natural_key(name: str) -> list[tuple[int, int | str]]:
     """``checkpoint-10`` sorts after ``checkpoint-9``."""
-    return [(0, int(part)) if part.isdigit() else (1, part)
-            for part in re.split(r"(\d+)", name) if part]
+    return [
+        (0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part
+    ]
 
 
 def latest_manifest(manifests: list[Manifest]) -> Manifest | None:

@@ -249,3 +249,20 @@ def test_sigterm_while_staging(agent: Agent, seaweed: servers.SeaweedFS, hub: se
     node = json.loads(next(agent.store.glob("projects/*/jobs/*/nodes/rank-0.json")).read_text())
     assert node["status"] == "TRAINING_JOB_STOPPED"
     assert not ran.exists() and not (agent.node_root / "d").exists()
+
+
+def test_progress_lines_say_bytes_rate_and_eta() -> None:
+    import io
+    import time
+
+    from bt_agent.log import AgentLog
+    from bt_agent.staging.progress import Progress
+
+    buffer = io.StringIO()
+    with Progress("weights[0]", 100_000_000, AgentLog(buffer), None, interval=0.05) as progress:
+        for _ in range(4):
+            progress.add(10_000_000)
+            time.sleep(0.06)
+    lines = buffer.getvalue().splitlines()
+    assert lines and all(line.startswith("bt-agent: weights[0]: ") for line in lines)
+    assert "of 100.0 MB" in lines[-1] and "MB/s, ETA " in lines[-1]

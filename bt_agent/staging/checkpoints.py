@@ -38,8 +38,14 @@ class Resolved:
 
 
 class CheckpointLoader:
-    def __init__(self, catalog: Catalog, context: NodeContext, load_dir: Path, log: AgentLog,
-                 stopping: Callable[[], bool] = lambda: False) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        context: NodeContext,
+        load_dir: Path,
+        log: AgentLog,
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.catalog = catalog
         self.context = context
         self.load_dir = load_dir
@@ -86,8 +92,10 @@ class CheckpointLoader:
         nodes = self.catalog.view(job_id).job.node_count
         rank = self.context.node_rank if self.context.node_rank < nodes else 0
         if rank != self.context.node_rank:
-            self.log.info(f"job {job_id} ran on {nodes} node(s): node {self.context.node_rank} "
-                          f"loads rank {rank}'s checkpoint")
+            self.log.info(
+                f"job {job_id} ran on {nodes} node(s): node {self.context.node_rank} "
+                f"loads rank {rank}'s checkpoint"
+            )
         return rank
 
     def _named(self, ref: NamedCheckpoint) -> Manifest:
@@ -100,8 +108,10 @@ class CheckpointLoader:
             if manifest.checkpoint == ref.checkpoint_name:
                 return manifest
         names = ", ".join(sorted((m.checkpoint for m in manifests), key=natural_key)) or "none"
-        raise StagingError(f"job {ref.job_id} has no committed checkpoint "
-                           f"{ref.checkpoint_name!r} on rank {rank}; committed: {names}")
+        raise StagingError(
+            f"job {ref.job_id} has no committed checkpoint "
+            f"{ref.checkpoint_name!r} on rank {rank}; committed: {names}"
+        )
 
     def _latest(self, ref: LatestCheckpoint) -> Manifest:
         if ref.job_id:
@@ -121,8 +131,9 @@ class CheckpointLoader:
         if ref.job_id:
             raise StagingError(f"job {ref.job_id} has no committed checkpoints")
         jobs = ", ".join(candidates) or "none"
-        raise StagingError(f"project {project!r} has no committed checkpoints; its jobs are: "
-                           f"{jobs}")
+        raise StagingError(
+            f"project {project!r} has no committed checkpoints; its jobs are: {jobs}"
+        )
 
     def _refuse_collisions(self, resolved: list[Resolved]) -> None:
         seen: dict[str, Resolved] = {}
@@ -132,7 +143,8 @@ class CheckpointLoader:
                 raise StagingError(
                     f"runtime.load_checkpoint_config.checkpoints[{item.index}] ({item.label}) "
                     f"would land at the same path as checkpoints[{seen[name].index}] "
-                    f"({seen[name].label}): rank-{self.context.node_rank}/{name}; load only one")
+                    f"({seen[name].label}): rank-{self.context.node_rank}/{name}; load only one"
+                )
             seen[name] = item
 
     # --- download --------------------------------------------------------------------------
@@ -160,5 +172,6 @@ class CheckpointLoader:
             raise StagingError(f"checkpoints[{item.index}] {item.label}: {exc}") from exc
         finally:
             shutil.rmtree(partial, ignore_errors=True)
-        self.log.info(f"checkpoints[{item.index}]: {len(m.files)} files, {m.size / 1e6:,.1f} MB "
-                      f"-> {target}")
+        self.log.info(
+            f"checkpoints[{item.index}]: {len(m.files)} files, {m.size / 1e6:,.1f} MB -> {target}"
+        )

@@ -32,6 +32,7 @@ from bt_agent.settings import (
 from bt_agent.spec.models import TrainingJob, WeightsSource
 from bt_agent.staging.cache import NodeCache, copy_atomic, entry_id
 from bt_agent.staging.patterns import selected
+from bt_agent.staging.progress import Progress
 from bt_agent.storage import ObjectInfo, ObjectStore, open_store
 from bt_agent.storage.hf import HFStore
 
@@ -186,13 +187,16 @@ class WeightsStager:
             )
         started = time.monotonic()
 
+        progress = Progress(f"weights[{plan.index}]", need, self.log, self.log.stream)
+
         def one(item: PlannedFile) -> None:
             if self.stopping():
                 raise InterruptedError("stop requested")
             self.cache.ensure(item.entry, lambda path: self._fill(plan, item, path))
+            progress.add(item.info.size)
 
         try:
-            with ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="bt-stage") as pool:
+            with progress, ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="bt-stage") as pool:
                 list(pool.map(one, misses))
         except InterruptedError:
             raise

