@@ -266,3 +266,43 @@ def test_progress_lines_say_bytes_rate_and_eta() -> None:
     lines = buffer.getvalue().splitlines()
     assert lines and all(line.startswith("bt-agent: weights[0]: ") for line in lines)
     assert "of 100.0 MB" in lines[-1] and "MB/s, ETA " in lines[-1]
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs (CI runs as root here; elsewhere the test says why it cannot run)."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_full_disk_is_deploy_failed_with_nothing_partial(
+    agent: Agent, seaweed: servers.SeaweedFS, hub: servers.Olah, small_disk: Path
+) -> None:
+    env = {**_env(agent, seaweed, hub), "BT_NODE_CACHE_DIR": str(small_disk / "cache")}
+    url = _seed_s3(seaweed, {"big.bin": bytes(3 * 1024 * 1024), "small.bin": b"s"})
+    ran = agent.root / "ran"
+    weights = [{"source": url, "mount_location": "/d", "auth_secret_name": "s3_creds"}]
+    result = agent.run_job(_job(weights, f"touch {ran}"), env=env)
+    assert result.code == 3, result.text
+    assert "not enough disk space in the node cache" in result.err
+    assert not ran.exists() and not (agent.node_root / "d").exists()
+    leftovers = (
+        [
+            p
+            for p in (small_disk / "cache").rglob("*")
+            if p.is_file() and not p.name.endswith(".lock")
+        ]
+        if (small_disk / "cache").exists()
+        else []
+    )
+    assert leftovers == [], "no partial or corrupt cache entry"
