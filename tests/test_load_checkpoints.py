@@ -195,3 +195,39 @@ def test_two_references_landing_on_one_path(agent: Agent) -> None:
         )
     )
     assert result.code == 3 and "would land at the same path" in result.err
+
+
+def test_serving_download_of_a_deploy_checkpoints_config(agent: Agent) -> None:
+    import json
+
+    commit(
+        agent,
+        "p",
+        "job1234",
+        "checkpoint-20",
+        {"adapter_model.safetensors": b"lora", "adapter_config.json": b'{"r": 16}'},
+        "2026-01-01T01:00:00Z",
+    )
+    config = agent.root / "deploy.json"
+    config.write_text(
+        json.dumps(
+            {
+                "model_name": "m",
+                "checkpoint_details": {
+                    "download_folder": "/tmp/training_checkpoints",
+                    "checkpoints": [
+                        {"training_job_id": "job1234", "checkpoint_name": "checkpoint-20"}
+                    ],
+                },
+            }
+        )
+    )
+    args = ["--store", str(agent.store), "--node-root", str(agent.node_root)]
+    result = agent("checkpoints", "download", str(config), *args)
+    assert result.code == 0, result.text
+    target = agent.node_root / "tmp/training_checkpoints/job1234/rank-0/checkpoint-20"
+    assert result.out.strip() == str(target)
+    assert (target / "adapter_config.json").read_bytes() == b'{"r": 16}'
+    config.write_text(json.dumps({"checkpoints": [{"training_job_id": "job1234"}]}))
+    bad = agent("checkpoints", "download", str(config), *args)
+    assert bad.code == 2 and "checkpoints[0].checkpoint_name" in bad.err

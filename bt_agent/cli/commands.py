@@ -159,12 +159,32 @@ def env(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
-def jobs(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    environ = Environ.current()
+def _catalog(args: argparse.Namespace, environ: Environ) -> Catalog:
     store_url = args.store or environ.context_value("store") or environ.default_store_url
     if "://" not in store_url:
         store_url = Path(store_url).absolute().as_uri()
-    catalog = Catalog(open_store(store_url))
+    return Catalog(open_store(store_url, environ))
+
+
+def checkpoints(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from bt_agent.context import Layout
+    from bt_agent.staging import serving
+
+    environ = Environ.current()
+    try:
+        text = Path(args.config).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read {args.config}: {exc.strerror}") from exc
+    wanted = serving.parse(text, args.config)
+    root = args.node_root or environ.context_value("node_root")
+    folder = Layout(Path(root).absolute() if root else None).host(wanted.download_folder)
+    for target in serving.download(_catalog(args, environ), wanted, folder):
+        out.write(f"{target}\n")
+    return 0
+
+
+def jobs(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    catalog = _catalog(args, Environ.current())
     if args.jobs_command == "list":
         views = catalog.jobs(args.project)
         rows = [_job_row(v) for v in views]

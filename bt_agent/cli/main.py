@@ -136,6 +136,25 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             _add_format(sub)
 
+    checkpoints = commands.add_parser("checkpoints", help="committed checkpoints in the store")
+    checkpoint_commands = checkpoints.add_subparsers(
+        dest="checkpoints_command", metavar="SUBCOMMAND", required=True
+    )
+    fetch = checkpoint_commands.add_parser(
+        "download",
+        help="stage a DeployCheckpointsConfig's checkpoints for serving",
+        description="Download the checkpoints a DeployCheckpointsConfig (or CheckpointList) "
+        "names, as JSON, into <download_folder>/<training_job_id>/rank-0/<checkpoint>/, each "
+        "file verified against its manifest.",
+    )
+    fetch.add_argument("config", help="DeployCheckpointsConfig or CheckpointList JSON")
+    _add_store(fetch)
+    fetch.add_argument(
+        "--node-root",
+        metavar="BT_NODE_ROOT",
+        help="map the download folder under this directory [$BT_NODE_ROOT]",
+    )
+
     env = commands.add_parser(
         "env",
         help="print the start_commands' environment as export lines",
@@ -193,6 +212,7 @@ def dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         "jobs": commands.jobs,
         "stage": commands.stage,
         "cache": commands.cache,
+        "checkpoints": commands.checkpoints,
     }
     result: int = handlers[args.command](args, out, err)
     return result

@@ -101,16 +101,9 @@ class CheckpointLoader:
     def _named(self, ref: NamedCheckpoint) -> Manifest:
         if ref.job_id == self.context.job_id:
             raise StagingError("a job cannot load its own checkpoints")
-        project = self._project_of(ref.job_id, None)
-        rank = self._rank_for(ref.job_id)
-        manifests = self.catalog.manifests(project, ref.job_id, rank)
-        for manifest in manifests:
-            if manifest.checkpoint == ref.checkpoint_name:
-                return manifest
-        names = ", ".join(sorted((m.checkpoint for m in manifests), key=natural_key)) or "none"
-        raise StagingError(
-            f"job {ref.job_id} has no committed checkpoint "
-            f"{ref.checkpoint_name!r} on rank {rank}; committed: {names}"
+        self._project_of(ref.job_id, None)
+        return find_manifest(
+            self.catalog, ref.job_id, ref.checkpoint_name, self._rank_for(ref.job_id)
         )
 
     def _latest(self, ref: LatestCheckpoint) -> Manifest:
@@ -150,28 +143,53 @@ class CheckpointLoader:
     # --- download --------------------------------------------------------------------------
 
     def _download(self, item: Resolved) -> None:
-        m = item.manifest
-        base = self.load_dir / f"rank-{self.context.node_rank}"
-        target = base / m.checkpoint
-        partial = base / f".{m.checkpoint}.loading-{os.getpid()}"
-        shutil.rmtree(partial, ignore_errors=True)
-        prefix = checkpoint_prefix(m.project, m.job_id, m.node_rank, m.checkpoint)
-        store = self.catalog.store
+        target = self.load_dir / f"rank-{self.context.node_rank}" / item.manifest.checkpoint
         try:
-            for entry in m.files:
-                if self.stopping():
-                    raise InterruptedError("stop requested")
-                key = f"{prefix}/{entry.path}"
-                expected = ObjectInfo(key, entry.size, None, entry.sha256)
-                store.download(key, partial.joinpath(*entry.path.split("/")), expected)
-            if target.exists():
-                shutil.rmtree(target)
-            partial.mkdir(parents=True, exist_ok=True)  # a checkpoint may hold no file
-            os.replace(partial, target)
+            download_checkpoint(self.catalog, item.manifest, target, self.stopping)
         except StoreError as exc:
             raise StagingError(f"checkpoints[{item.index}] {item.label}: {exc}") from exc
-        finally:
-            shutil.rmtree(partial, ignore_errors=True)
+        m = item.manifest
         self.log.info(
             f"checkpoints[{item.index}]: {len(m.files)} files, {m.size / 1e6:,.1f} MB -> {target}"
         )
+
+
+def download_checkpoint(
+    catalog: Catalog, manifest: Manifest, target: Path, stopping: Callable[[], bool] = lambda: False
+) -> None:
+    """Every file of a committed checkpoint into ``target``, each verified against the
+    manifest's size and sha256; the directory appears, complete, only at the end."""
+    partial = target.with_name(f".{target.name}.loading-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    m = manifest
+    prefix = checkpoint_prefix(m.project, m.job_id, m.node_rank, m.checkpoint)
+    try:
+        for entry in m.files:
+            if stopping():
+                raise InterruptedError("stop requested")
+            key = f"{prefix}/{entry.path}"
+            expected = ObjectInfo(key, entry.size, None, entry.sha256)
+            catalog.store.download(key, partial.joinpath(*entry.path.split("/")), expected)
+        if target.exists():
+            shutil.rmtree(target)
+        partial.mkdir(parents=True, exist_ok=True)  # a checkpoint may hold no file
+        os.replace(partial, target)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def find_manifest(catalog: Catalog, job_id: str, checkpoint: str, rank: int = 0) -> Manifest:
+    """A committed checkpoint by name; the error lists the ones that exist."""
+    try:
+        project = catalog.project_of(job_id)
+    except NotFoundError:
+        raise StagingError(f"no job {job_id!r} in the store {catalog.store.url}") from None
+    manifests = catalog.manifests(project, job_id, rank)
+    for manifest in manifests:
+        if manifest.checkpoint == checkpoint:
+            return manifest
+    names = ", ".join(sorted((m.checkpoint for m in manifests), key=natural_key)) or "none"
+    raise StagingError(
+        f"job {job_id} has no committed checkpoint {checkpoint!r} on rank "
+        f"{rank}; committed: {names}"
+    )
