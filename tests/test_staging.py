@@ -306,3 +306,61 @@ def test_full_disk_is_deploy_failed_with_nothing_partial(
         else []
     )
     assert leftovers == [], "no partial or corrupt cache entry"
+
+
+def test_gs_r2_and_https_sources(
+    agent: Agent,
+    seaweed: servers.SeaweedFS,
+    hub: servers.Olah,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gcs = servers.fake_gcs(tmp_path / "gcs")
+    https = servers.static_https(tmp_path / "https")
+    try:
+        gcs.create_bucket("gbucket")
+        from bt_agent.settings import Environ
+        from bt_agent.storage import open_store
+
+        gstore = open_store("gs://gbucket/ds", Environ({"STORAGE_EMULATOR_HOST": gcs.endpoint}))
+        gstore.write_bytes("a/train.jsonl", b"gs-data\n")
+        gstore.write_bytes("a/skip.md", b"no")
+        (https.directory / "vocab.txt").write_bytes(b"https-data\n")
+        r2_url = _seed_s3(seaweed, {"r2.bin": b"r2-data\n"}).replace("s3://", "r2://acct.")
+        env = {
+            **_env(agent, seaweed, hub),
+            "STORAGE_EMULATOR_HOST": gcs.endpoint,
+            "BT_R2_ENDPOINT_URL": seaweed.endpoint,
+            "SSL_CERT_FILE": str(https.ca_file),
+        }
+        weights = [
+            {"source": "gs://gbucket/ds", "mount_location": "/g", "ignore_patterns": ["**.md"]},
+            {"source": r2_url, "mount_location": "/r", "auth_secret_name": "s3_creds"},
+            {"source": https.url("vocab.txt"), "mount_location": "/h"},
+        ]
+        node = agent.node_root
+        command = f"cat {node}/g/a/train.jsonl {node}/r/r2.bin {node}/h/vocab.txt"
+        result = agent.run_job(_job(weights, command), env=env)
+        assert result.code == 0, result.text
+        assert result.out == "gs-data\nr2-data\nhttps-data\n"
+        assert not (node / "g" / "a" / "skip.md").exists()
+    finally:
+        gcs.stop()
+        https.stop()
+
+
+def test_bad_credentials_are_deploy_failed(
+    agent: Agent, seaweed: servers.SeaweedFS, hub: servers.Olah
+) -> None:
+    env = _env(agent, seaweed, hub)
+    agent.secret(
+        "wrong",
+        json.dumps(
+            {"aws_access_key_id": servers.ACCESS_KEY, "aws_secret_access_key": "wrong-secret-987"}
+        ),
+    )
+    url = _seed_s3(seaweed, {"x.bin": b"x"})
+    weights = [{"source": url, "mount_location": "/d", "auth_secret_name": "wrong"}]
+    result = agent.run_job(_job(weights, "true"), env=env)
+    assert result.code == 3 and "access denied" in result.err
+    assert "wrong-secret-987" not in result.text
