@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import servers
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(__file__).resolve().parent / "bin"
@@ -201,3 +202,41 @@ def finish(process: subprocess.Popen[str], timeout: float, agent: Agent) -> int:
 def job_with(**runtime: Any) -> dict[str, Any]:
     """A minimal valid job with these runtime fields."""
     return {**MINIMAL_JOB, "runtime": runtime}
+
+
+# --- real servers on 127.0.0.1, one of each per test session, stopped by pid -------------
+
+
+@pytest.fixture(scope="session")
+def server_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("servers")
+
+
+@pytest.fixture(scope="session")
+def s3_server(server_root: Path) -> Iterator[servers.SeaweedFS]:
+    server = servers.seaweedfs(server_root / "shared")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_server(server_root: Path) -> Iterator[servers.FakeGCS]:
+    server = servers.fake_gcs(server_root)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def hf_server(server_root: Path) -> Iterator[servers.Olah]:
+    mirrors = server_root / "mirrors"
+    mirrors.mkdir()
+    server = servers.olah(server_root, mirrors)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def https_server(server_root: Path) -> Iterator[servers.StaticHTTPS]:
+    server = servers.static_https(server_root)
+    yield server
+    server.stop()

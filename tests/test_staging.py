@@ -16,22 +16,6 @@ from bt_agent.staging.cache import NodeCache, entry_id
 from bt_agent.staging.patterns import selected
 
 
-@pytest.fixture(scope="module")
-def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.SeaweedFS]:
-    server = servers.seaweedfs(tmp_path_factory.mktemp("staging-s3"))
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Olah]:
-    root = tmp_path_factory.mktemp("staging-hf")
-    (root / "mirrors").mkdir()
-    server = servers.olah(root, root / "mirrors")
-    yield server
-    server.stop()
-
-
 @pytest.mark.parametrize(
     ("path", "allow", "ignore", "expected"),
     [
@@ -77,18 +61,18 @@ def _job(weights: list[dict[str, object]], command: str) -> dict[str, object]:
     }
 
 
-def _env(agent: Agent, seaweed: servers.SeaweedFS, hub: servers.Olah) -> dict[str, str]:
+def _env(agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah) -> dict[str, str]:
     agent.secret(
         "s3_creds",
         json.dumps(
             {"aws_access_key_id": servers.ACCESS_KEY, "aws_secret_access_key": servers.SECRET_KEY}
         ),
     )
-    return {"AWS_ENDPOINT_URL": seaweed.endpoint, "HF_ENDPOINT": hub.endpoint}
+    return {"AWS_ENDPOINT_URL": s3_server.endpoint, "HF_ENDPOINT": hf_server.endpoint}
 
 
 def test_job_reads_hf_and_s3_mounts(
-    agent: Agent, seaweed: servers.SeaweedFS, hub: servers.Olah
+    agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
 ) -> None:
     repo = f"org/tiny-{uuid.uuid4().hex[:6]}"
     model = {
@@ -96,8 +80,8 @@ def test_job_reads_hf_and_s3_mounts(
         "model.safetensors": b"w" * 5000,
         "README.md": b"# card",
     }
-    servers.hf_repo(hub.mirrors, repo, model)
-    data_url = _seed_s3(seaweed, {"train/0.jsonl": b'{"x": 1}\n', "train/1.jsonl": b"{}\n"})
+    servers.hf_repo(hf_server.mirrors, repo, model)
+    data_url = _seed_s3(s3_server, {"train/0.jsonl": b'{"x": 1}\n', "train/1.jsonl": b"{}\n"})
     weights = [
         {
             "source": f"hf://{repo}@main",
@@ -110,7 +94,7 @@ def test_job_reads_hf_and_s3_mounts(
         "cat $M/config.json && wc -c < $M/model.safetensors && "
         "test ! -e $M/README.md && cat $D/train/0.jsonl && ls $D/train"
     )
-    env = _env(agent, seaweed, hub)
+    env = _env(agent, s3_server, hf_server)
     node = agent.node_root
     command = check.replace("$M", str(node / "app/models/tiny")).replace(
         "$D", str(node / "app/data")
@@ -129,10 +113,10 @@ def test_job_reads_hf_and_s3_mounts(
 
 
 def test_missing_source_is_deploy_failed(
-    agent: Agent, seaweed: servers.SeaweedFS, hub: servers.Olah
+    agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
 ) -> None:
-    env = _env(agent, seaweed, hub)
-    url = _seed_s3(seaweed, {"x.bin": b"x"})
+    env = _env(agent, s3_server, hf_server)
+    url = _seed_s3(s3_server, {"x.bin": b"x"})
     ran = agent.root / "ran"
     weights = [
         {"source": url + "-nope", "mount_location": "/app/data", "auth_secret_name": "s3_creds"}
@@ -146,12 +130,12 @@ def test_missing_source_is_deploy_failed(
 
 
 def test_unknown_hf_revision_is_deploy_failed(
-    agent: Agent, seaweed: servers.SeaweedFS, hub: servers.Olah
+    agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
 ) -> None:
     repo = f"org/rev-{uuid.uuid4().hex[:6]}"
-    servers.hf_repo(hub.mirrors, repo, {"a.txt": b"a"})
+    servers.hf_repo(hf_server.mirrors, repo, {"a.txt": b"a"})
     weights = [{"source": f"hf://{repo}@no-such-tag", "mount_location": "/m"}]
-    result = agent.run_job(_job(weights, "true"), env=_env(agent, seaweed, hub))
+    result = agent.run_job(_job(weights, "true"), env=_env(agent, s3_server, hf_server))
     assert result.code == 3 and "no-such-tag" in result.err
 
 
@@ -190,10 +174,10 @@ def test_eviction_keeps_entries_in_use(tmp_path: Path) -> None:
 
 
 def test_cluster_tier_serves_a_second_node(
-    agent: Agent, seaweed: servers.SeaweedFS, hub: servers.Olah
+    agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
 ) -> None:
-    env = {**_env(agent, seaweed, hub), "BT_CLUSTER_CACHE_DIR": str(agent.root / "cluster")}
-    url = _seed_s3(seaweed, {"a.bin": b"a" * 100, "b.bin": b"b" * 200})
+    env = {**_env(agent, s3_server, hf_server), "BT_CLUSTER_CACHE_DIR": str(agent.root / "cluster")}
+    url = _seed_s3(s3_server, {"a.bin": b"a" * 100, "b.bin": b"b" * 200})
     weights = [{"source": url, "mount_location": "/d", "auth_secret_name": "s3_creds"}]
     first = agent.run_job(_job(weights, "true"), "--node-root", str(agent.root / "n1"), env=env)
     assert first.code == 0, first.text
@@ -210,10 +194,10 @@ def test_cluster_tier_serves_a_second_node(
 
 
 def test_stage_and_cache_commands(
-    agent: Agent, seaweed: servers.SeaweedFS, hub: servers.Olah
+    agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
 ) -> None:
-    env = _env(agent, seaweed, hub)
-    url = _seed_s3(seaweed, {f"f{i}.bin": bytes([i]) * 1000 for i in range(3)})
+    env = _env(agent, s3_server, hf_server)
+    url = _seed_s3(s3_server, {f"f{i}.bin": bytes([i]) * 1000 for i in range(3)})
     spec = agent.spec(
         _job([{"source": url, "mount_location": "/d", "auth_secret_name": "s3_creds"}], "true")
     )
@@ -233,13 +217,15 @@ def test_stage_and_cache_commands(
     assert "evicted 2 entries" in pruned.out
 
 
-def test_sigterm_while_staging(agent: Agent, seaweed: servers.SeaweedFS, hub: servers.Olah) -> None:
+def test_sigterm_while_staging(
+    agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
+) -> None:
     import signal
 
     from conftest import finish, wait_for
 
-    env = _env(agent, seaweed, hub)
-    url = _seed_s3(seaweed, {f"part-{i:04d}.bin": bytes(2000) for i in range(400)})
+    env = _env(agent, s3_server, hf_server)
+    url = _seed_s3(s3_server, {f"part-{i:04d}.bin": bytes(2000) for i in range(400)})
     ran = agent.root / "ran"
     weights = [{"source": url, "mount_location": "/d", "auth_secret_name": "s3_creds"}]
     process = agent.start(_job(weights, f"touch {ran}"), env=env)
@@ -286,10 +272,10 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_full_disk_is_deploy_failed_with_nothing_partial(
-    agent: Agent, seaweed: servers.SeaweedFS, hub: servers.Olah, small_disk: Path
+    agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah, small_disk: Path
 ) -> None:
-    env = {**_env(agent, seaweed, hub), "BT_NODE_CACHE_DIR": str(small_disk / "cache")}
-    url = _seed_s3(seaweed, {"big.bin": bytes(3 * 1024 * 1024), "small.bin": b"s"})
+    env = {**_env(agent, s3_server, hf_server), "BT_NODE_CACHE_DIR": str(small_disk / "cache")}
+    url = _seed_s3(s3_server, {"big.bin": bytes(3 * 1024 * 1024), "small.bin": b"s"})
     ran = agent.root / "ran"
     weights = [{"source": url, "mount_location": "/d", "auth_secret_name": "s3_creds"}]
     result = agent.run_job(_job(weights, f"touch {ran}"), env=env)
@@ -310,8 +296,8 @@ def test_full_disk_is_deploy_failed_with_nothing_partial(
 
 def test_gs_r2_and_https_sources(
     agent: Agent,
-    seaweed: servers.SeaweedFS,
-    hub: servers.Olah,
+    s3_server: servers.SeaweedFS,
+    hf_server: servers.Olah,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -326,11 +312,11 @@ def test_gs_r2_and_https_sources(
         gstore.write_bytes("a/train.jsonl", b"gs-data\n")
         gstore.write_bytes("a/skip.md", b"no")
         (https.directory / "vocab.txt").write_bytes(b"https-data\n")
-        r2_url = _seed_s3(seaweed, {"r2.bin": b"r2-data\n"}).replace("s3://", "r2://acct.")
+        r2_url = _seed_s3(s3_server, {"r2.bin": b"r2-data\n"}).replace("s3://", "r2://acct.")
         env = {
-            **_env(agent, seaweed, hub),
+            **_env(agent, s3_server, hf_server),
             "STORAGE_EMULATOR_HOST": gcs.endpoint,
-            "BT_R2_ENDPOINT_URL": seaweed.endpoint,
+            "BT_R2_ENDPOINT_URL": s3_server.endpoint,
             "SSL_CERT_FILE": str(https.ca_file),
         }
         weights = [
@@ -350,16 +336,16 @@ def test_gs_r2_and_https_sources(
 
 
 def test_bad_credentials_are_deploy_failed(
-    agent: Agent, seaweed: servers.SeaweedFS, hub: servers.Olah
+    agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
 ) -> None:
-    env = _env(agent, seaweed, hub)
+    env = _env(agent, s3_server, hf_server)
     agent.secret(
         "wrong",
         json.dumps(
             {"aws_access_key_id": servers.ACCESS_KEY, "aws_secret_access_key": "wrong-secret-987"}
         ),
     )
-    url = _seed_s3(seaweed, {"x.bin": b"x"})
+    url = _seed_s3(s3_server, {"x.bin": b"x"})
     weights = [{"source": url, "mount_location": "/d", "auth_secret_name": "wrong"}]
     result = agent.run_job(_job(weights, "true"), env=env)
     assert result.code == 3 and "access denied" in result.err

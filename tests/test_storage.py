@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,41 +35,6 @@ SMALL_TUNING = S3Tuning(
 ALL = ["file", "s3", "r2", "gs", "hf", "https"]
 TREES = ["file", "s3", "r2", "gs", "hf"]  # https:// is one file per URL
 WRITABLE = ["file", "s3", "r2", "gs"]
-
-
-@pytest.fixture(scope="session")
-def server_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("servers")
-
-
-@pytest.fixture(scope="session")
-def s3_server(server_root: Path) -> Iterator[servers.SeaweedFS]:
-    server = servers.seaweedfs(server_root / "shared")
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="session")
-def gcs_server(server_root: Path) -> Iterator[servers.FakeGCS]:
-    server = servers.fake_gcs(server_root)
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="session")
-def hf_server(server_root: Path) -> Iterator[servers.Olah]:
-    mirrors = server_root / "mirrors"
-    mirrors.mkdir()
-    server = servers.olah(server_root, mirrors)
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="session")
-def https_server(server_root: Path) -> Iterator[servers.StaticHTTPS]:
-    server = servers.static_https(server_root)
-    yield server
-    server.stop()
 
 
 @dataclass

@@ -3,26 +3,10 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import servers
 from conftest import Agent, job_with
-
-
-@pytest.fixture(scope="module")
-def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.SeaweedFS]:
-    server = servers.seaweedfs(tmp_path_factory.mktemp("store-s3"))
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.FakeGCS]:
-    server = servers.fake_gcs(tmp_path_factory.mktemp("store-gcs"))
-    yield server
-    server.stop()
 
 
 def _run_and_view(agent: Agent, store: str, env: dict[str, str]) -> None:
@@ -39,11 +23,11 @@ def _run_and_view(agent: Agent, store: str, env: dict[str, str]) -> None:
     assert "remote1" in listing.out
 
 
-def test_store_on_s3(agent: Agent, seaweed: servers.SeaweedFS) -> None:
+def test_store_on_s3(agent: Agent, s3_server: servers.SeaweedFS) -> None:
     bucket = f"store{uuid.uuid4().hex[:8]}"
-    seaweed.create_bucket(bucket)
+    s3_server.create_bucket(bucket)
     env = {
-        "AWS_ENDPOINT_URL": seaweed.endpoint,
+        "AWS_ENDPOINT_URL": s3_server.endpoint,
         "AWS_ACCESS_KEY_ID": servers.ACCESS_KEY,
         "AWS_SECRET_ACCESS_KEY": servers.SECRET_KEY,
         "AWS_DEFAULT_REGION": "us-east-1",
@@ -51,10 +35,10 @@ def test_store_on_s3(agent: Agent, seaweed: servers.SeaweedFS) -> None:
     _run_and_view(agent, f"s3://{bucket}/bt", env)
 
 
-def test_store_on_gcs(agent: Agent, gcs: servers.FakeGCS) -> None:
+def test_store_on_gcs(agent: Agent, gcs_server: servers.FakeGCS) -> None:
     bucket = f"store{uuid.uuid4().hex[:8]}"
-    gcs.create_bucket(bucket)
-    _run_and_view(agent, f"gs://{bucket}/bt", {"STORAGE_EMULATOR_HOST": gcs.endpoint})
+    gcs_server.create_bucket(bucket)
+    _run_and_view(agent, f"gs://{bucket}/bt", {"STORAGE_EMULATOR_HOST": gcs_server.endpoint})
 
 
 def test_unreachable_store_is_a_clear_error(agent: Agent, tmp_path: Path) -> None:
