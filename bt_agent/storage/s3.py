@@ -268,21 +268,10 @@ class S3Store(ObjectStore):
             os.close(fd)
 
     def _fetch_range(self, key: str, fd: int, start: int, length: int) -> None:
-        """One ranged GET streamed to its offset: at most a chunk per range in memory."""
-        response = self._call(
-            key, "get_object", Key=self._key(key), Range=f"bytes={start}-{start + length - 1}"
-        )
-        offset = start
-        try:
-            for chunk in response["Body"].iter_chunks(CHUNK):
-                os.pwrite(fd, chunk, offset)
-                offset += len(chunk)
-        except OSError:
-            raise
-        except Exception as exc:
-            raise self._error(exc, key) from exc
-        if offset != start + length:
+        data = self._read_range(key, start, length)
+        if len(data) != length:
             raise TransientStoreError(f"{self.uri(key)}: short read at {start}", self.uri(key))
+        os.pwrite(fd, data, start)
 
     def _upload(self, path: Path, key: str) -> str:
         size = path.stat().st_size
