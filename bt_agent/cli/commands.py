@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 from bt_agent.catalog import Catalog, JobView
 from bt_agent.cli.output import render
-from bt_agent.context import ContextInputs, NodeContext, resolve
+from bt_agent.context import ContextInputs, Layout, NodeContext, resolve
 from bt_agent.env import build
 from bt_agent.errors import NotFoundError, RecordNotFoundError, SpecError, UsageError
 from bt_agent.secrets import Secrets
@@ -116,15 +116,14 @@ def stage(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def cache(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from bt_agent.context import Layout
     from bt_agent.records import now_iso
     from bt_agent.settings import NODE_CACHE_DIR_VARIABLE, NODE_CACHE_MAX_BYTES_VARIABLE
     from bt_agent.staging.cache import NodeCache
 
     environ = Environ.current()
-    root = args.node_root or environ.context_value("node_root")
-    layout = Layout(Path(root).absolute() if root else None)
-    node_cache = NodeCache.for_node(layout.host, environ.get(NODE_CACHE_DIR_VARIABLE))
+    node_cache = NodeCache.for_node(
+        _layout(args, environ).host, environ.get(NODE_CACHE_DIR_VARIABLE)
+    )
     if args.cache_command == "prune":
         budget = args.max_bytes
         if budget is None:
@@ -159,6 +158,11 @@ def env(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+def _layout(args: argparse.Namespace, environ: Environ) -> Layout:
+    root = args.node_root or environ.context_value("node_root")
+    return Layout(Path(root).absolute() if root else None)
+
+
 def _catalog(args: argparse.Namespace, environ: Environ) -> Catalog:
     store_url = args.store or environ.context_value("store") or environ.default_store_url
     if "://" not in store_url:
@@ -167,7 +171,6 @@ def _catalog(args: argparse.Namespace, environ: Environ) -> Catalog:
 
 
 def checkpoints(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from bt_agent.context import Layout
     from bt_agent.staging import serving
 
     environ = Environ.current()
@@ -176,8 +179,7 @@ def checkpoints(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except OSError as exc:
         raise UsageError(f"cannot read {args.config}: {exc.strerror}") from exc
     wanted = serving.parse(text, args.config)
-    root = args.node_root or environ.context_value("node_root")
-    folder = Layout(Path(root).absolute() if root else None).host(wanted.download_folder)
+    folder = _layout(args, environ).host(wanted.download_folder)
     for target in serving.download(_catalog(args, environ), wanted, folder):
         out.write(f"{target}\n")
     return 0

@@ -7,13 +7,12 @@ feature of a PID 1). Every error becomes one message and the exit code its type 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
 from bt_agent import __version__
-from bt_agent.errors import BtAgentError, SpecError, UsageError
+from bt_agent.errors import BtAgentError, SpecError
 
 EPILOG = """\
 spec: a job JSON file ({"training_job": {...}} or a bare TrainingJob), a config.py that
@@ -54,6 +53,14 @@ def _add_spec(parser: argparse.ArgumentParser) -> None:
 
 def _add_store(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", metavar="URL", help="store URL [$BT_STORE_URL]")
+
+
+def _add_node_root(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--node-root",
+        metavar="BT_NODE_ROOT",
+        help="the node root of a local layout [$BT_NODE_ROOT]",
+    )
 
 
 def _add_format(parser: argparse.ArgumentParser, default: str = "table") -> None:
@@ -121,11 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("prune", "evict least recently used entries no job has mounted"),
     ):
         sub = cache_commands.add_parser(name, help=text)
-        sub.add_argument(
-            "--node-root",
-            metavar="BT_NODE_ROOT",
-            help="the node root of a local layout [$BT_NODE_ROOT]",
-        )
+        _add_node_root(sub)
         if name == "prune":
             sub.add_argument(
                 "--max-bytes",
@@ -149,11 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fetch.add_argument("config", help="DeployCheckpointsConfig or CheckpointList JSON")
     _add_store(fetch)
-    fetch.add_argument(
-        "--node-root",
-        metavar="BT_NODE_ROOT",
-        help="map the download folder under this directory [$BT_NODE_ROOT]",
-    )
+    _add_node_root(fetch)
 
     env = commands.add_parser(
         "env",
@@ -216,10 +215,3 @@ def dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     }
     result: int = handlers[args.command](args, out, err)
     return result
-
-
-def print_json(data: Any, out: TextIO) -> None:
-    out.write(json.dumps(data, indent=2) + "\n")
-
-
-__all__ = ["UsageError", "build_parser", "dispatch", "main"]

@@ -89,7 +89,6 @@ class ObjectStore(ABC):
     """Keys are ``/``-separated paths relative to the store's root (``url``)."""
 
     url: str
-    read_only: bool = False
     policy: RetryPolicy = DEFAULT_POLICY
 
     # --- the core, per backend ---------------------------------------------------------------

@@ -18,8 +18,6 @@ from bt_agent.storage.keys import check_key
 
 
 class HFStore(ObjectStore):
-    read_only = True
-
     def __init__(
         self,
         repo_id: str,

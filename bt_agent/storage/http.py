@@ -80,8 +80,6 @@ def download(
 class HTTPStore(ObjectStore):
     """A single object: its key is the URL's file name."""
 
-    read_only = True
-
     def __init__(self, url: str) -> None:
         self.url = url
         self.name = posixpath.basename(urlparse(url).path) or "index"
