@@ -12,8 +12,12 @@ import pytest
 import servers
 from conftest import Agent
 
+from bt_agent.errors import UnsafeKeyError
+from bt_agent.spec.models import WeightsSource
 from bt_agent.staging.cache import NodeCache, entry_id
 from bt_agent.staging.patterns import selected
+from bt_agent.staging.weights import plan_source
+from bt_agent.storage.base import Fetched, ObjectInfo, ObjectStore
 
 
 @pytest.mark.parametrize(
@@ -350,3 +354,37 @@ def test_bad_credentials_are_deploy_failed(
     result = agent.run_job(_job(weights, "true"), env=env)
     assert result.code == 3 and "access denied" in result.err
     assert "wrong-secret-987" not in result.text
+
+
+class _ListingStore(ObjectStore):
+    """Stands in for a store that lists hostile keys. No server here can hold one: SeaweedFS
+    refuses ``..`` keys and fake-gcs-server normalises them away, while real GCS and S3 accept
+    them. Only listing is needed: the plan must refuse before anything is fetched."""
+
+    url = "s3://hostile/weights"
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = keys
+
+    def _list(self, prefix: str) -> list[ObjectInfo]:
+        return [ObjectInfo(key, 1, "v1") for key in self.keys]
+
+    def _stat(self, key: str) -> ObjectInfo:
+        raise AssertionError("the plan must not stat")
+
+    def _read_range(self, key: str, start: int, length: int) -> bytes:
+        raise AssertionError("the plan must not read")
+
+    def _download(self, key: str, target: Path, size: int | None) -> Fetched:
+        raise AssertionError("the plan must not download")
+
+
+@pytest.mark.parametrize(
+    "key", ["../../etc/cron.d/x", "a/../../x", "/etc/passwd", "a\0b", "a//b", "x/" + "y" * 1100]
+)
+def test_a_key_that_would_escape_the_mount_fails_the_plan(key: str, tmp_path: Path) -> None:
+    store = _ListingStore(["config.json", key])
+    weights = WeightsSource(source=store.url, mount_location="/app/model")
+    with pytest.raises(UnsafeKeyError, match="refusing object key"):
+        plan_source(0, weights, store, tmp_path / "mount")
+    assert list(tmp_path.iterdir()) == []

@@ -35,6 +35,7 @@ from bt_agent.staging.patterns import selected
 from bt_agent.staging.progress import Progress
 from bt_agent.storage import ObjectInfo, ObjectStore, open_store
 from bt_agent.storage.hf import HFStore
+from bt_agent.storage.keys import check_key
 
 FETCH_WORKERS = 8
 
@@ -70,13 +71,13 @@ def _entry(identity: str, info: ObjectInfo) -> str:
 
 
 def plan_source(index: int, weights: WeightsSource, store: ObjectStore, mount: Path) -> SourcePlan:
+    """The source's selected files; a key that would land outside the mount (``..``, an
+    absolute path, a NUL) fails the plan with :class:`UnsafeKeyError` before any transfer."""
     objects = store.list()
     pinned = store.pinned_url if isinstance(store, HFStore) else store.url
     identity = _identity(store)
     files = [
-        PlannedFile(
-            info.key, info, entry_id(identity, info.key, info.version or "", str(info.size))
-        )
+        PlannedFile(check_key(info.key), info, _entry(identity, info))
         for info in objects
         if selected(info.key, weights.allow_patterns, weights.ignore_patterns)
     ]
