@@ -27,7 +27,18 @@ def job_prefix(project: str, job_id: str) -> str:
 
 
 def checkpoint_prefix(project: str, job_id: str, rank: int, checkpoint: str) -> str:
-    return f"{job_prefix(project, job_id)}/checkpoints/rank-{rank}/{checkpoint}"
+    """Where a checkpoint's files are; the root checkpoint ``.`` is the rank's directory."""
+    base = f"{job_prefix(project, job_id)}/checkpoints/rank-{rank}"
+    return base if checkpoint == "." else f"{base}/{checkpoint}"
+
+
+def checkpoint_file_key(project: str, job_id: str, rank: int, relative: str) -> str:
+    """A file's key from its path relative to the checkpoint dir (``<checkpoint>/<path>``)."""
+    return f"{job_prefix(project, job_id)}/checkpoints/rank-{rank}/{relative}"
+
+
+def _manifest_key(project: str, job_id: str, rank: int, checkpoint: str) -> str:
+    return f"{job_prefix(project, job_id)}/manifests/rank-{rank}/{checkpoint}.json"
 
 
 @dataclass(frozen=True)
@@ -115,9 +126,12 @@ class Catalog:
 
     def write_manifest(self, manifest: Manifest) -> None:
         """Commit a checkpoint. Call only once every file it names is durable in the store."""
-        prefix = job_prefix(manifest.project, manifest.job_id)
-        key = f"{prefix}/manifests/rank-{manifest.node_rank}/{manifest.checkpoint}.json"
-        self._write_json(key, manifest.to_dict())
+        m = manifest
+        self._write_json(_manifest_key(m.project, m.job_id, m.node_rank, m.checkpoint), m.to_dict())
+
+    def delete_manifest(self, project: str, job_id: str, rank: int, checkpoint: str) -> None:
+        """Withdraw a commit (its files are about to change); the files stay."""
+        self.store.delete(_manifest_key(project, job_id, rank, checkpoint))
 
     def manifests(self, project: str, job_id: str, rank: int | None = None) -> list[Manifest]:
         """The committed checkpoints of a job (one node's, or every node's)."""

@@ -71,6 +71,24 @@ class CommandResult:
 
 
 @dataclass
+class UploadTotals:
+    """The checkpoint sidecar's totals on a node: what is durable, what waits, what failed."""
+
+    files: int = 0
+    bytes: int = 0
+    commits: int = 0
+    failures: int = 0  # upload attempts that failed (each was retried)
+    backlog_files: int = 0
+    backlog_bytes: int = 0
+    last_committed: str | None = None
+    not_durable: list[str] = field(default_factory=list)  # at the end: what could not be saved
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> UploadTotals:
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass
 class NodeRecord:
     """One node's view of a job: status history, commands, exit code and the precise reason."""
 
@@ -82,6 +100,7 @@ class NodeRecord:
     commands: list[CommandResult] = field(default_factory=list)
     exit_code: int | None = None
     error: str | None = None
+    uploads: UploadTotals | None = None
 
     @property
     def status(self) -> JobStatus:
@@ -106,6 +125,7 @@ class NodeRecord:
             commands=[CommandResult(**c) for c in data.get("commands", [])],
             exit_code=data.get("exit_code"),
             error=data.get("error"),
+            uploads=UploadTotals.from_dict(data["uploads"]) if data.get("uploads") else None,
         )
 
 

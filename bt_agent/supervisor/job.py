@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,13 +23,14 @@ from typing import IO, Any, TextIO
 from bt_agent.catalog import Catalog
 from bt_agent.context import NodeContext
 from bt_agent.env import ChildEnvironment, JobDirs
-from bt_agent.errors import BtAgentError, StagingError
+from bt_agent.errors import BtAgentError, DurabilityError, StagingError
 from bt_agent.log import AgentLog
 from bt_agent.records import CommandResult, JobRecord, JobStatus, NodeRecord, now_iso
 from bt_agent.secrets import Secrets
 from bt_agent.settings import Environ
 from bt_agent.spec.loader import LoadedSpec
 from bt_agent.supervisor import tree
+from bt_agent.supervisor.checkpoints import CheckpointUploads
 from bt_agent.supervisor.logship import LogShipper
 from bt_agent.supervisor.output import OutputPump
 from bt_agent.supervisor.process import Child, describe_exit, exit_status, signal_name
@@ -39,6 +41,8 @@ from bt_agent.supervisor.signals import STOPPING, SignalRelay
 SHUTDOWN_RESERVE_SECONDS = 2.0
 #: How long leftover processes get between SIGTERM and SIGKILL when the job ends normally.
 CLEANUP_SECONDS = 2.0
+#: Seconds kept from the grace period after the upload drain, to write the records and the log.
+RECORDS_RESERVE_SECONDS = 1.0
 MAX_CODE_FILES = 10_000
 #: Never copied from the code directory into the working directory.
 CODE_IGNORE = (".git", "__pycache__", ".venv", "node_modules", ".mypy_cache", ".pytest_cache")
@@ -99,6 +103,8 @@ class JobRunner:
         self.killed_after_grace = False
         self._child: Child | None = None
         self._pumps: list[OutputPump] = []
+        self._checkpoints = CheckpointUploads(plan, catalog, self.log, self._write_node)
+        self._record_lock = threading.Lock()
 
     # --- the phases ------------------------------------------------------------------------
 
@@ -115,6 +121,10 @@ class JobRunner:
             self.relay.forward = self._forward
             outcome = self._phases(log_file)
             self._cleanup()
+            unsaved = self._checkpoints.drain(self._drain_deadline)
+            if self.relay.stopping and outcome.status is JobStatus.COMPLETED:
+                outcome = self._stopped_outcome()  # the stop came while the uploads drained
+            outcome = self._with_uploads(outcome, unsaved)
             self._finish(outcome, shipper)
         return outcome.exit_code
 
@@ -150,7 +160,13 @@ class JobRunner:
 
     def _enter(self, status: JobStatus) -> None:
         self.node.transition(status)
-        self.catalog.write_node(self.node)
+        self._write_node()
+
+    def _write_node(self) -> None:
+        """Write the node record (from the main thread, and from the sidecar on each commit)."""
+        with self._record_lock:
+            self.node.uploads = self._checkpoints.totals()
+            self.catalog.write_node(self.node)
 
     def _finish(self, outcome: Outcome, shipper: LogShipper) -> None:
         """Record the end. The log is complete in the store before the terminal status is, so
@@ -179,6 +195,7 @@ class JobRunner:
             ) from exc
         self._stage_weights()
         self._load_checkpoints()
+        self._checkpoints.start()
 
     def _load_checkpoints(self) -> None:
         references = self.plan.spec.job.runtime.checkpoints_to_load
@@ -307,6 +324,24 @@ class JobRunner:
             return float("inf")
         budget = max(self.plan.context.grace_period - SHUTDOWN_RESERVE_SECONDS, 0.5)
         return self.relay.stop_time + budget
+
+    @staticmethod
+    def _with_uploads(outcome: Outcome, unsaved: str | None) -> Outcome:
+        """Exit 4 when the commands succeeded but checkpoint files could not be saved."""
+        if unsaved is None:
+            return outcome
+        if outcome.status is JobStatus.COMPLETED:
+            return Outcome(JobStatus.FAILED, DurabilityError.exit_code, unsaved)
+        reason = f"{outcome.reason}; {unsaved}" if outcome.reason else unsaved
+        return Outcome(outcome.status, outcome.exit_code, reason)
+
+    def _drain_deadline(self) -> float:
+        """Until when checkpoint uploads may go on: the grace period (less the time to write
+        the records) after a stop signal, else the sidecar's own drain limit."""
+        if self.relay.stop_time is not None:
+            grace = self.plan.context.grace_period
+            return self.relay.stop_time + max(grace - RECORDS_RESERVE_SECONDS, 0.5)
+        return self._checkpoints.default_deadline()
 
     def _kill_everything(self) -> None:
         self.killed_after_grace = True

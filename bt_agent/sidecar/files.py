@@ -1,0 +1,118 @@
+"""What the checkpoint dir holds, file by file: which checkpoint a file belongs to, whether it
+may be uploaded, and a signature that tells when it changed.
+
+A checkpoint is a top-level directory of the checkpoint dir; files at its root belong to the
+checkpoint named ``.`` (REFERENCE.md §4). Only regular files are uploaded, and symlinks that
+resolve to one inside the checkpoint dir; FIFOs, sockets, devices and symlinks that point
+outside are skipped, never opened (opening a FIFO would block).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT_CHECKPOINT = "."
+
+
+@dataclass(frozen=True)
+class FileSig:
+    """Size, modification time and inode: any write or replacement changes one of them."""
+
+    size: int
+    mtime_ns: int
+    inode: int
+
+    @classmethod
+    def of(cls, result: os.stat_result) -> FileSig:
+        return cls(result.st_size, result.st_mtime_ns, result.st_ino)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A file that may be uploaded, as it is now."""
+
+    relative: str
+    sig: FileSig
+
+
+@dataclass(frozen=True)
+class Skipped:
+    relative: str
+    reason: str
+
+
+def checkpoint_of(relative: str) -> str:
+    head, sep, _ = relative.partition("/")
+    return head if sep else ROOT_CHECKPOINT
+
+
+def within_checkpoint(relative: str) -> str:
+    """The path relative to its checkpoint's directory."""
+    checkpoint = checkpoint_of(relative)
+    return relative if checkpoint == ROOT_CHECKPOINT else relative[len(checkpoint) + 1 :]
+
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+class CheckpointDir:
+    def __init__(self, root: Path, ignore: frozenset[str] = frozenset()) -> None:
+        self.root = root
+        self._real_root = os.path.realpath(root)
+        self.ignore = ignore  # relative paths never uploaded (the agent's own files)
+
+    def relative(self, path: str) -> str | None:
+        """``path`` relative to the root, or None when outside it or ignored."""
+        try:
+            relative = os.path.relpath(path, self.root)
+        except ValueError:
+            return None
+        if relative == "." or relative.startswith(".." + os.sep) or relative == "..":
+            return None
+        relative = relative.replace(os.sep, "/")
+        return None if relative in self.ignore else relative
+
+    def classify(self, relative: str) -> Candidate | Skipped | None:
+        """What ``relative`` is now: a candidate, a skipped entry, or None (gone, or a
+        directory)."""
+        path = self.root / relative
+        try:
+            relative.encode("utf-8")
+        except UnicodeEncodeError:
+            return Skipped(relative, "its name is not valid UTF-8, which no store accepts")
+        try:
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode):
+                target = os.path.realpath(path)
+                if os.path.commonpath([target, self._real_root]) != self._real_root:
+                    return Skipped(relative, f"it is a symlink to {target}, outside the dir")
+                info = os.stat(target)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return Skipped(relative, f"it cannot be read ({exc.strerror})")
+        if stat.S_ISREG(info.st_mode):
+            return Candidate(relative, FileSig.of(info))
+        if stat.S_ISDIR(info.st_mode):
+            return None
+        return Skipped(relative, f"it is {_KINDS.get(stat.S_IFMT(info.st_mode), 'not a file')}")
+
+    def walk(self, under: str = "") -> Iterator[str]:
+        """Every non-directory entry under ``under`` (relative), not following directory
+        symlinks."""
+        start = self.root / under if under else self.root
+        for directory, dirnames, filenames in os.walk(start, followlinks=False):
+            base = Path(directory)
+            for name in filenames + [d for d in dirnames if (base / d).is_symlink()]:
+                relative = self.relative(str(base / name))
+                if relative is not None:
+                    yield relative

@@ -1,0 +1,497 @@
+"""The sidecar's coordinator: what to upload when, commits, retries and the drain.
+
+One coordinator thread owns all the state; watchdog's thread only enqueues changed paths, and a
+fixed pool of daemon worker threads only uploads (a daemon, so that an upload stuck on a dead
+store never holds the agent past its deadline). Never on the training process.
+
+- A file is uploaded once it has been quiet (no event) for ``quiet_seconds``; if it changed
+  during its upload (size, mtime or inode differ after the read) it is uploaded again.
+- A failed upload is retried with capped backoff for as long as the job runs; never dropped.
+- A checkpoint is committed (its manifest written, last) when every file in it is durable and it
+  has been quiet; one that changes after its commit is committed again. A committed file about to
+  be overwritten in the store first loses its manifest, so a manifest never names an object whose
+  content differs from what it says.
+- The drain rescans, then uploads what remains, newest checkpoint first, until the deadline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from bt_agent.catalog import Catalog, checkpoint_file_key
+from bt_agent.errors import BtAgentError
+from bt_agent.log import AgentLog
+from bt_agent.records import Manifest, ManifestFile, now_iso
+from bt_agent.settings import (
+    CHECKPOINT_QUIET_VARIABLE,
+    DRAIN_TIMEOUT_VARIABLE,
+    UPLOAD_WORKERS_VARIABLE,
+    WATCH_POLLING_VARIABLE,
+    Environ,
+)
+from bt_agent.sidecar.files import (
+    Candidate,
+    CheckpointDir,
+    FileSig,
+    Skipped,
+    checkpoint_of,
+    within_checkpoint,
+)
+from bt_agent.sidecar.journal import Journal
+from bt_agent.sidecar.stats import UploadStats
+from bt_agent.sidecar.watch import Watcher
+
+TICK = 0.1
+MiB = 1024 * 1024
+
+
+def _number(environ: Environ, name: str, default: float) -> float:
+    value = environ.get(name)
+    try:
+        return float(value) if value is not None else default
+    except ValueError:
+        return default
+
+
+@dataclass(frozen=True)
+class SidecarSettings:
+    quiet_seconds: float = 2.0  # no change for this long: a file is ready, a checkpoint complete
+    workers: int = 4  # uploads at a time (S3 parts of one upload run in parallel on top)
+    backlog_interval: float = 30.0  # seconds between backlog lines while uploads wait
+    retry_cap: float = 30.0  # longest wait between two attempts of a failed upload
+    drain_seconds: float = 1800.0  # the drain's limit when the commands end on their own
+    polling: bool = False  # watch by polling (file systems without inotify)
+
+    @classmethod
+    def from_environ(cls, environ: Environ) -> SidecarSettings:
+        default = cls()
+        return cls(
+            quiet_seconds=_number(environ, CHECKPOINT_QUIET_VARIABLE, default.quiet_seconds),
+            workers=max(1, int(_number(environ, UPLOAD_WORKERS_VARIABLE, default.workers))),
+            drain_seconds=_number(environ, DRAIN_TIMEOUT_VARIABLE, default.drain_seconds),
+            polling=environ.get(WATCH_POLLING_VARIABLE) in ("1", "true", "yes"),
+        )
+
+
+@dataclass(frozen=True)
+class Owner:
+    project: str
+    job_id: str
+    rank: int
+
+
+@dataclass(frozen=True)
+class DrainReport:
+    not_durable: list[str]  # files (relative to the checkpoint dir) not saved in time
+    uncommitted: list[str]  # checkpoints whose manifest could not be written
+    seconds: float
+
+    @property
+    def complete(self) -> bool:
+        return not self.not_durable and not self.uncommitted
+
+    def describe(self) -> str:
+        shown = ", ".join(self.not_durable[:10]) + (" ..." if len(self.not_durable) > 10 else "")
+        parts = []
+        if self.not_durable:
+            parts.append(f"{len(self.not_durable)} checkpoint file(s) not durable: {shown}")
+        if self.uncommitted:
+            parts.append(f"checkpoint(s) not committed: {', '.join(self.uncommitted)}")
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class _Done:
+    file: Candidate
+    after: Candidate | Skipped | None = None
+    sha256: str | None = None
+    error: Exception | None = None
+
+
+@dataclass
+class _Round:
+    """One checkpoint's uploads since its last commit: for the commit's log line."""
+
+    started: float
+    files: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class _State:
+    pending: dict[str, float] = field(default_factory=dict)  # file -> when it may go
+    in_flight: set[str] = field(default_factory=set)
+    durable: dict[str, tuple[FileSig, str]] = field(default_factory=dict)
+    attempts: dict[str, int] = field(default_factory=dict)
+    touched: dict[str, float] = field(default_factory=dict)  # checkpoint -> last change
+    dirty: set[str] = field(default_factory=set)  # checkpoints with new durable content
+    commits: dict[str, str] = field(default_factory=dict)  # checkpoint -> signature
+    newest: dict[str, int] = field(default_factory=dict)  # checkpoint -> newest mtime seen
+    rounds: dict[str, _Round] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)  # file -> size when last looked at
+    commit_retry: dict[str, float] = field(default_factory=dict)
+
+    def busy(self) -> set[str]:
+        return {checkpoint_of(r) for r in (*self.pending, *self.in_flight)}
+
+
+class Sidecar:
+    def __init__(
+        self,
+        directory: CheckpointDir,
+        catalog: Catalog,
+        owner: Owner,
+        journal: Journal,
+        log: AgentLog,
+        settings: SidecarSettings | None = None,
+        on_commit: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.dir = directory
+        self.catalog = catalog
+        self.owner = owner
+        self.journal = journal
+        self.log = log
+        self.settings = settings or SidecarSettings()
+        self.on_commit = on_commit
+        self.stats = UploadStats()
+        self._state = _State()
+        self._changes: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[Candidate | None] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[_Done] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._idle = threading.Event()
+        self._draining = False
+        self._warned: set[str] = set()
+        self._earlier: set[str] = set()
+        self._last_report = time.monotonic()
+        self.watcher = Watcher(directory.root, self._changes, self.settings.polling)
+        self._threads: list[threading.Thread] = []
+
+    # --- life cycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Pick up what an earlier agent on this checkpoint dir left, then watch."""
+        state = self._state
+        state.durable = self.journal.durable()
+        state.commits = self.journal.commits()
+        state.dirty = {checkpoint_of(r) for r in state.durable}
+        now = time.monotonic()
+        for relative in self.dir.walk():
+            self._mark(relative, now, quiet=False)
+        self.watcher.start()
+        self.log.info(
+            f"checkpoints: watching {self.dir.root} ({self.watcher.method}); "
+            f"uploading to {self.catalog.store.url}"
+        )
+        for index in range(self.settings.workers):
+            self._spawn(self._worker, f"bt-upload-{index}")
+        self._spawn(self._loop, "bt-sidecar")
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def drain(self, deadline: Callable[[], float]) -> DrainReport:
+        """Stop watching, rescan, and upload and commit what remains, newest checkpoint first,
+        until everything is durable or ``deadline()`` (``time.monotonic()``; asked again as
+        the drain goes, since a stop signal shortens it) passes."""
+        started = time.monotonic()
+        self.watcher.stop()
+        for relative in self.dir.walk():
+            self._changes.put(str(self.dir.root / relative))
+        self._draining = True
+        self._idle.clear()
+        self._wake.set()
+        while not self._idle.wait(min(max(deadline() - time.monotonic(), 0), 0.5)):
+            if time.monotonic() >= deadline():
+                break
+        self._stop.set()
+        self._wake.set()
+        for thread in self._threads:
+            if thread.name == "bt-sidecar":
+                thread.join(5)
+        for _ in range(self.settings.workers):
+            self._work.put(None)
+        report = self._report_lost(time.monotonic() - started)
+        self.journal.close()
+        return report
+
+    def _report_lost(self, seconds: float) -> DrainReport:
+        state = self._state
+        left = sorted(
+            r
+            for r in (*state.pending, *state.in_flight)
+            if isinstance(self.dir.classify(r), Candidate)
+        )
+        uncommitted = sorted(state.dirty | {checkpoint_of(r) for r in left})
+        self.stats.lost(left)
+        self.stats.backlog(len(left), 0)
+        return DrainReport(left, uncommitted, seconds)
+
+    # --- the coordinator ---------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._step(time.monotonic())
+            except Exception as exc:  # never let one surprise end the uploads
+                self.log.error(f"checkpoint sidecar: {type(exc).__name__}: {exc}")
+            self._wake.wait(TICK)
+            self._wake.clear()
+
+    def _step(self, now: float) -> None:
+        self._take_changes(now)
+        self._collect(now)
+        self._submit(now)
+        self._commit_ready(now)
+        self._report(now)
+        state = self._state
+        if self._draining and not (state.pending or state.in_flight or state.dirty):
+            self._idle.set()
+
+    def _mark(self, relative: str, now: float, quiet: bool = True) -> None:
+        state = self._state
+        if self._draining and relative not in state.attempts:
+            state.pending[relative] = now  # the writers are gone: no quiet period to wait for
+        else:
+            wait = self.settings.quiet_seconds if quiet else 0.0
+            state.pending[relative] = max(now + wait, state.pending.get(relative, 0.0))
+        state.touched[checkpoint_of(relative)] = now
+
+    def _take_changes(self, now: float) -> None:
+        while True:
+            try:
+                path = self._changes.get_nowait()
+            except queue.Empty:
+                return
+            relative = self.dir.relative(path)
+            if relative is None:
+                continue
+            full = self.dir.root / relative
+            if full.is_dir() and not full.is_symlink():  # created or moved in whole
+                for inner in self.dir.walk(relative):
+                    self._mark(inner, now)
+            else:
+                self._mark(relative, now)
+
+    def _submit(self, now: float) -> None:
+        state = self._state
+        limit = self.settings.workers * 2  # a short queue keeps "newest first" meaningful
+        if len(state.in_flight) >= limit:
+            return
+        ready = [r for r, due in state.pending.items() if due <= now and r not in state.in_flight]
+        ready.sort(key=lambda r: (-state.newest.get(checkpoint_of(r), 0), r))
+        for relative in ready:
+            if len(state.in_flight) >= limit:
+                return
+            found = self.dir.classify(relative)
+            if found is None or isinstance(found, Skipped):
+                del state.pending[relative]
+                if isinstance(found, Skipped):
+                    self._warn_once(relative, f"checkpoints: skipping {relative!r}: {found.reason}")
+                continue
+            checkpoint = checkpoint_of(relative)
+            state.sizes[relative] = found.sig.size
+            state.newest[checkpoint] = max(state.newest.get(checkpoint, 0), found.sig.mtime_ns)
+            known = state.durable.get(relative)
+            if known is not None and known[0] == found.sig:
+                del state.pending[relative]  # unchanged since it was uploaded
+                continue
+            if known is None and self._saved_by_earlier_job(found):
+                del state.pending[relative]
+                continue
+            if known is not None and checkpoint in state.commits:
+                self._uncommit(checkpoint)  # its manifest would name content about to change
+            del state.pending[relative]
+            state.in_flight.add(relative)
+            state.rounds.setdefault(checkpoint, _Round(now))
+            self._work.put(found)
+
+    def _saved_by_earlier_job(self, found: Candidate) -> bool:
+        owner = self.journal.earlier_owner(found.relative, found.sig)
+        if owner is None:
+            return False
+        if owner not in self._earlier:
+            self._earlier.add(owner)
+            self.log.info(
+                f"checkpoints: files in {self.dir.root} were already saved by job {owner} "
+                "(an earlier job on this node); they are not uploaded again"
+            )
+        return True
+
+    def _collect(self, now: float) -> None:
+        state = self._state
+        while True:
+            try:
+                done = self._done.get_nowait()
+            except queue.Empty:
+                return
+            relative = done.file.relative
+            state.in_flight.discard(relative)
+            if done.error is not None:
+                self._failed(done, now)
+            elif not isinstance(done.after, Candidate):
+                continue  # gone (deleted, renamed away) while it was uploading
+            elif done.after.sig != done.file.sig:
+                self._mark(relative, now)  # changed during the upload: upload again
+            else:
+                self._durable(done, now)
+
+    def _durable(self, done: _Done, now: float) -> None:
+        state = self._state
+        relative, sig = done.file.relative, done.file.sig
+        assert done.sha256 is not None
+        state.durable[relative] = (sig, done.sha256)
+        state.attempts.pop(relative, None)
+        self.journal.record_upload(relative, sig, done.sha256)
+        self.stats.uploaded(sig.size)
+        checkpoint = checkpoint_of(relative)
+        state.dirty.add(checkpoint)
+        round_ = state.rounds.setdefault(checkpoint, _Round(now))
+        round_.files += 1
+        round_.bytes += sig.size
+
+    def _failed(self, done: _Done, now: float) -> None:
+        state = self._state
+        relative = done.file.relative
+        if not isinstance(self.dir.classify(relative), Candidate):
+            return  # deleted locally meanwhile: nothing left to save
+        attempt = state.attempts.get(relative, 0) + 1
+        state.attempts[relative] = attempt
+        self.stats.failed()
+        delay = random.uniform(0, min(self.settings.retry_cap, 2.0**attempt))
+        state.pending[relative] = now + delay
+        if attempt == 1 or attempt % 10 == 0:
+            self.log.warning(
+                f"checkpoints: upload of {relative} failed (attempt {attempt}), "
+                f"retrying: {done.error}"
+            )
+
+    def _worker(self) -> None:
+        while (file := self._work.get()) is not None:
+            self._done.put(self._upload(file))
+            self._wake.set()
+
+    def _upload(self, file: Candidate) -> _Done:
+        key = checkpoint_file_key(
+            self.owner.project, self.owner.job_id, self.owner.rank, file.relative
+        )
+        try:
+            result = self.catalog.store.upload_file(self.dir.root / file.relative, key)
+        except (BtAgentError, OSError) as exc:
+            return _Done(file, error=exc)
+        return _Done(file, self.dir.classify(file.relative), result.sha256)
+
+    # --- commits -----------------------------------------------------------------------------
+
+    def _commit_ready(self, now: float) -> None:
+        state = self._state
+        busy = state.busy()
+        for checkpoint in sorted(state.dirty - busy):
+            quiet_since = state.touched.get(checkpoint, 0.0) + self.settings.quiet_seconds
+            if not self._draining and now < quiet_since:
+                continue
+            if now < state.commit_retry.get(checkpoint, 0.0):
+                continue
+            self._commit(checkpoint, now)
+
+    def _commit(self, checkpoint: str, now: float) -> None:
+        state = self._state
+        files: list[tuple[str, FileSig, str]] = []
+        for relative in sorted(r for r in state.durable if checkpoint_of(r) == checkpoint):
+            sig, sha256 = state.durable[relative]
+            found = self.dir.classify(relative)
+            if not isinstance(found, Candidate):
+                continue  # deleted locally: no longer part of the checkpoint
+            if found.sig != sig:
+                self._mark(relative, now)  # changed since its upload: not complete yet
+                return
+            files.append((relative, sig, sha256))
+        if not files:
+            state.dirty.discard(checkpoint)
+            return
+        signature = _signature(files)
+        if state.commits.get(checkpoint) == signature:
+            state.dirty.discard(checkpoint)
+            return
+        manifest = Manifest(
+            job_id=self.owner.job_id,
+            project=self.owner.project,
+            node_rank=self.owner.rank,
+            checkpoint=checkpoint,
+            created_at=now_iso(max(sig.mtime_ns for _, sig, _ in files) / 1e9),
+            committed_at=now_iso(),
+            files=[ManifestFile(within_checkpoint(r), sig.size, sha) for r, sig, sha in files],
+        )
+        try:
+            self.catalog.write_manifest(manifest)
+        except (BtAgentError, OSError) as exc:
+            self.stats.failed()
+            state.commit_retry[checkpoint] = now + min(self.settings.retry_cap, 2.0)
+            self.log.warning(f"checkpoints: commit of {checkpoint} failed, retrying: {exc}")
+            return
+        self.journal.record_commit(checkpoint, signature)
+        state.commits[checkpoint] = signature
+        state.dirty.discard(checkpoint)
+        state.commit_retry.pop(checkpoint, None)
+        self.stats.committed(checkpoint, time.time())
+        self._log_commit(manifest, state.rounds.pop(checkpoint, None), now)
+        self.on_commit()
+
+    def _log_commit(self, manifest: Manifest, round_: _Round | None, now: float) -> None:
+        uploaded = round_.bytes if round_ else 0
+        seconds = max(now - round_.started, 1e-3) if round_ else 0.0
+        rate = f" ({uploaded / seconds / 1e6:,.0f} MB/s)" if uploaded else ""
+        self.log.info(
+            f"checkpoint {manifest.checkpoint} committed: {len(manifest.files)} files, "
+            f"{manifest.size / 1e6:,.1f} MB; uploaded {uploaded / 1e6:,.1f} MB in "
+            f"{seconds:.1f} s{rate}"
+        )
+
+    def _uncommit(self, checkpoint: str) -> None:
+        state = self._state
+        try:
+            self.catalog.delete_manifest(
+                self.owner.project, self.owner.job_id, self.owner.rank, checkpoint
+            )
+        except BtAgentError as exc:
+            self.log.warning(f"checkpoints: could not withdraw {checkpoint}'s manifest: {exc}")
+        state.commits.pop(checkpoint, None)
+        self.journal.record_commit(checkpoint, "")
+        self.log.info(f"checkpoint {checkpoint} changed after its commit: committing it again")
+
+    # --- visibility --------------------------------------------------------------------------
+
+    def _report(self, now: float) -> None:
+        state = self._state
+        waiting = [*state.pending, *state.in_flight]
+        self.stats.backlog(len(waiting), sum(state.sizes.get(r, 0) for r in waiting))
+        if not waiting or now - self._last_report < self.settings.backlog_interval:
+            return
+        self._last_report = now
+        totals = self.stats.totals()
+        self.log.info(
+            f"checkpoints: {len(waiting)} file(s) waiting to upload, {len(state.in_flight)} "
+            f"in flight; {totals.files} uploaded ({totals.bytes / 1e6:,.1f} MB), "
+            f"{totals.failures} failed attempt(s) retried"
+        )
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            self.log.warning(message)
+
+
+def _signature(files: list[tuple[str, FileSig, str]]) -> str:
+    digest = hashlib.sha256()
+    for relative, sig, sha256 in files:
+        digest.update(f"{relative}\0{sig.size}\0{sha256}\n".encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()

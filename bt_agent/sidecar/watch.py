@@ -1,0 +1,68 @@
+"""watchdog on the checkpoint dir: inotify where the kernel offers it, polling elsewhere. The
+handler only enqueues the paths that changed; deciding what to upload happens elsewhere."""
+
+from __future__ import annotations
+
+import queue
+from pathlib import Path
+from typing import Any
+
+#: Seconds between two scans when watching by polling.
+POLL_INTERVAL = 1.0
+
+
+class Watcher:
+    def __init__(self, root: Path, changes: queue.SimpleQueue[str], polling: bool = False) -> None:
+        self.root = root
+        self.changes = changes
+        self.polling = polling
+        self._observer: Any = None
+
+    @property
+    def method(self) -> str:
+        return "polling" if self.polling else "inotify"
+
+    def start(self) -> None:
+        from watchdog.events import FileSystemEvent, FileSystemEventHandler
+
+        changes = self.changes
+
+        class Enqueue(FileSystemEventHandler):
+            def on_any_event(self, event: FileSystemEvent) -> None:
+                if event.event_type in ("opened", "closed_no_write"):
+                    return
+                changes.put(_text(event.src_path))
+                if event.dest_path:
+                    changes.put(_text(event.dest_path))
+
+        if not self.polling:
+            try:
+                self._observer = self._observe(Enqueue(), polling=False)
+                return
+            except OSError:  # no inotify here (or out of watches): poll instead
+                self.polling = True
+        self._observer = self._observe(Enqueue(), polling=True)
+
+    def _observe(self, handler: Any, polling: bool) -> Any:
+        if polling:
+            from watchdog.observers.polling import PollingObserver
+
+            observer: Any = PollingObserver(timeout=POLL_INTERVAL)
+        else:
+            from watchdog.observers import Observer
+
+            observer = Observer()
+        observer.schedule(handler, str(self.root), recursive=True)
+        observer.daemon = True
+        observer.start()
+        return observer
+
+    def stop(self) -> None:
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join(5)
+            self._observer = None
+
+
+def _text(path: str | bytes) -> str:
+    return path.decode("utf-8", "surrogateescape") if isinstance(path, bytes) else path

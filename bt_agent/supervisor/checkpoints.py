@@ -1,0 +1,118 @@
+"""The supervisor's side of the checkpoint sidecar: start it before the commands, drain it after
+them within the deadline, and turn what could not be saved into the job's outcome (exit 4 when
+the commands had succeeded, DESIGN.md §5)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from bt_agent.catalog import Catalog
+from bt_agent.errors import StagingError
+from bt_agent.log import AgentLog
+from bt_agent.records import UploadTotals
+from bt_agent.settings import METRICS_PORT_VARIABLE
+
+if TYPE_CHECKING:
+    from bt_agent.sidecar import Sidecar
+    from bt_agent.supervisor.job import JobPlan
+
+
+class CheckpointUploads:
+    def __init__(
+        self, plan: JobPlan, catalog: Catalog, log: AgentLog, on_commit: Callable[[], None]
+    ) -> None:
+        self.plan = plan
+        self.catalog = catalog
+        self.log = log
+        self.on_commit = on_commit
+        self.sidecar: Sidecar | None = None
+        self._metrics: Any = None
+        self._settings: Any = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.plan.spec.job.runtime.checkpointing_config.enabled
+
+    def totals(self) -> UploadTotals | None:
+        return self.sidecar.stats.totals() if self.sidecar is not None else None
+
+    def start(self) -> None:
+        """Watch the checkpoint dir (when checkpointing is enabled) before any command runs."""
+        if not self.enabled:
+            return
+        from bt_agent.sidecar import Sidecar, SidecarSettings
+        from bt_agent.sidecar.files import CheckpointDir
+        from bt_agent.sidecar.journal import JOURNAL_CONTAINER_PATH, Journal
+        from bt_agent.sidecar.uploader import Owner
+
+        ctx = self.plan.context
+        self._settings = SidecarSettings.from_environ(self.plan.environ)
+        try:
+            journal = Journal(ctx.layout.host(JOURNAL_CONTAINER_PATH), ctx.job_id, ctx.node_rank)
+            sidecar = Sidecar(
+                CheckpointDir(self.plan.dirs.checkpoints),
+                self.catalog,
+                Owner(ctx.project, ctx.job_id, ctx.node_rank),
+                journal,
+                self.log,
+                self._settings,
+                self.on_commit,
+            )
+            sidecar.start()
+        except Exception as exc:  # OSError, ImportError, sqlite3.Error: the same for the user
+            raise StagingError(f"cannot start the checkpoint uploads: {exc}") from exc
+        self.sidecar = sidecar
+        self._serve_metrics(sidecar)
+
+    def _serve_metrics(self, sidecar: Sidecar) -> None:
+        port = self.plan.environ.get(METRICS_PORT_VARIABLE)
+        if port is None:
+            return
+        from bt_agent.sidecar.metrics import MetricsServer
+
+        try:
+            self._metrics = MetricsServer(int(port), sidecar.stats.prometheus).__enter__()
+        except (OSError, ValueError) as exc:
+            self.log.warning(f"cannot serve metrics on port {port}: {exc}")
+            return
+        self.log.info(f"checkpoint metrics on http://0.0.0.0:{self._metrics.port}/metrics")
+
+    def default_deadline(self) -> float:
+        seconds = self._settings.drain_seconds if self._settings is not None else 0.0
+        return time.monotonic() + seconds
+
+    def drain(self, deadline: Callable[[], float]) -> str | None:
+        """Make what remains durable; return what could not be, or None."""
+        sidecar = self.sidecar
+        if sidecar is None:
+            self._warn_unsaved()
+            return None
+        limit = deadline()  # fixed now, unless a stop signal brings it closer
+        report = sidecar.drain(lambda: min(limit, deadline()))
+        if self._metrics is not None:
+            with contextlib.suppress(Exception):
+                self._metrics.__exit__(None, None, None)
+        totals = sidecar.stats.totals()
+        if report.complete:
+            self.log.info(
+                f"checkpoints: every file durable ({totals.files} uploaded, "
+                f"{totals.bytes / 1e6:,.1f} MB; {totals.commits} commit(s))"
+            )
+            return None
+        what = report.describe()
+        self.log.error(f"checkpoints: {what}")
+        return what
+
+    def _warn_unsaved(self) -> None:
+        if self.enabled:
+            return
+        directory = self.plan.dirs.checkpoints
+        with contextlib.suppress(OSError):
+            if directory.is_dir() and any(directory.iterdir()):
+                self.log.warning(
+                    f"{directory} holds files, but checkpointing_config.enabled is false: "
+                    "they were not uploaded"
+                )
