@@ -171,6 +171,60 @@ def _catalog(args: argparse.Namespace, environ: Environ) -> Catalog:
 
 
 def checkpoints(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.checkpoints_command == "download":
+        return _download_for_serving(args, out)
+    from bt_agent.browse import CheckpointBrowser
+
+    browser = CheckpointBrowser(_catalog(args, Environ.current()))
+    if args.checkpoints_command == "list":
+        rows = [r.to_dict() for r in browser.rows(args.project, args.job_id, args.sort)]
+        for row in rows:
+            row["size"] = _size(row["size"]) if args.output == "table" else row["size"]
+        listed = ("job_id", "checkpoint", "node", "type", "base_model", "size", "created_at")
+        out.write(render(rows, listed, args.output) + "\n")
+    elif args.checkpoints_command == "files":
+        rows = [r.to_dict() for r in browser.files(args.job_id, args.checkpoint)]
+        columns = ("checkpoint", "path", "node", "size", "sha256", "url")
+        out.write(render(rows, columns, args.output) + "\n")
+    else:
+        summaries = browser.inspect(args.job_id, args.checkpoint, args.file, args.node)
+        _tensors(summaries, args.output, out)
+    return 0
+
+
+def _size(size: int) -> str:
+    if size < 1000:
+        return f"{size} B"
+    value = float(size)
+    for unit in ("KB", "MB", "GB", "TB"):
+        value /= 1000
+        if value < 1000 or unit == "TB":
+            break
+    return f"{value:,.1f} {unit}"
+
+
+def _tensors(summaries: list[Any], fmt: str, out: TextIO) -> None:
+    if fmt == "json":
+        _json([s.to_dict() for s in summaries], out)
+        return
+    columns = ("file", "name", "dtype", "shape", "parameters")
+    rows = [
+        {**t.to_dict(), "file": s.file, "shape": "x".join(map(str, t.shape)) or "scalar"}
+        for s in summaries
+        for t in s.tensors
+    ]
+    if fmt == "csv":
+        out.write(render(rows, columns, fmt) + "\n")
+        return
+    for summary in summaries:
+        tensors = [r for r in rows if r["file"] == summary.file]
+        out.write(
+            f"{summary.file}: {len(summary.tensors)} tensors, {summary.parameters:,} parameters\n"
+        )
+        out.write(render(tensors, columns[1:], "table") + "\n\n")
+
+
+def _download_for_serving(args: argparse.Namespace, out: TextIO) -> int:
     from bt_agent.staging import serving
 
     environ = Environ.current()

@@ -28,6 +28,8 @@ examples:
   bt-agent env job.json --node-root /tmp/node
   bt-agent run examples/quickstart/job.json --node-root ./.bt-node
   bt-agent jobs view JOB_ID -o json
+  bt-agent checkpoints list --project my-project
+  bt-agent checkpoints inspect --job-id JOB_ID --checkpoint checkpoint-20
 """
 
 CONTEXT_HELP = {
@@ -155,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("config", help="DeployCheckpointsConfig or CheckpointList JSON")
     _add_store(fetch)
     _add_node_root(fetch)
+    _add_checkpoint_browsing(checkpoint_commands)
 
     env = commands.add_parser(
         "env",
@@ -185,6 +188,46 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_store(logs)
     return parser
+
+
+def _add_checkpoint_browsing(commands: Any) -> None:
+    from bt_agent.browse import SORTS
+
+    listing = commands.add_parser(
+        "list",
+        help="committed checkpoints: job, name, node, type, base model, size, created at",
+        description="Committed checkpoints, newest first; the type (full or lora) and the base "
+        "model are detected from the files.",
+    )
+    listing.add_argument("--project", help="only this project's jobs")
+    listing.add_argument("--job-id", help="only this job's checkpoints")
+    listing.add_argument(
+        "--sort",
+        choices=SORTS,
+        default="created",
+        help="created and size: largest first; name and job: in natural order",
+    )
+    files = commands.add_parser(
+        "files", help="a job's checkpoint files: path, node, size, sha256, store URL"
+    )
+    files.add_argument("--job-id", required=True)
+    files.add_argument("--checkpoint", help="only this checkpoint (default: all)")
+    inspect = commands.add_parser(
+        "inspect",
+        help="tensor summary of .safetensors files (header only, ranged reads)",
+        description="Names, dtypes, shapes and parameter counts of a checkpoint's "
+        ".safetensors files (or of FILE), read from the header alone: two small ranged reads "
+        "per file, whatever its size, from any store.",
+    )
+    inspect.add_argument("--job-id", required=True)
+    inspect.add_argument("--checkpoint", required=True)
+    inspect.add_argument("--node", type=int, default=0, help="node rank (default 0)")
+    inspect.add_argument(
+        "file", nargs="?", help="one file of the checkpoint (default: all .safetensors)"
+    )
+    for sub in (listing, files, inspect):
+        _add_store(sub)
+        _add_format(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
