@@ -30,7 +30,11 @@ from bt_agent.storage.s3 import S3Store, S3Tuning
 
 MiB = 1024 * 1024
 SMALL_TUNING = S3Tuning(
-    multipart_threshold=5 * MiB, part_size=5 * MiB, concurrency=4, list_page_size=50
+    multipart_threshold=5 * MiB,
+    part_size=5 * MiB,
+    upload_part_size=5 * MiB,
+    concurrency=4,
+    list_page_size=50,
 )
 ALL = ["file", "s3", "r2", "gs", "hf", "https"]
 TREES = ["file", "s3", "r2", "gs", "hf"]  # https:// is one file per URL
@@ -349,5 +353,6 @@ def test_open_store_urls() -> None:
 def test_part_size_keeps_huge_files_under_10000_parts() -> None:
     tuning = S3Tuning()
     for size in (1, 16 * MiB, 100 * 1024**3, 500 * 1024**3, 5 * 1024**4):
-        part = tuning.part_size_for(size)
-        assert -(-size // part) <= 10_000 and part % MiB == 0
+        for upload in (False, True):
+            part = tuning.part_size_for(size, upload)
+            assert -(-size // part) <= 10_000 and part % MiB == 0

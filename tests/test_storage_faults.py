@@ -41,7 +41,9 @@ def _store(server: servers.SeaweedFS, policy: RetryPolicy) -> S3Store:
         f"s3://{bucket}/x", Environ({"AWS_ENDPOINT_URL": server.endpoint}), secret, "creds"
     )
     assert isinstance(store, S3Store)
-    store.tuning = S3Tuning(multipart_threshold=5 * MiB, part_size=5 * MiB, concurrency=2)
+    store.tuning = S3Tuning(
+        multipart_threshold=5 * MiB, part_size=5 * MiB, upload_part_size=5 * MiB, concurrency=2
+    )
     store.policy = policy
     return store
 

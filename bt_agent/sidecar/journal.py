@@ -25,6 +25,7 @@ CREATE TABLE IF NOT EXISTS files (
     sha256 TEXT NOT NULL, uploaded_at REAL NOT NULL,
     PRIMARY KEY (job_id, rank, path)
 );
+CREATE INDEX IF NOT EXISTS files_by_path ON files (rank, path);
 CREATE TABLE IF NOT EXISTS commits (
     job_id TEXT NOT NULL, rank INTEGER NOT NULL, checkpoint TEXT NOT NULL,
     signature TEXT NOT NULL, committed_at REAL NOT NULL,
@@ -60,20 +61,16 @@ class Journal:
             ).fetchall()
         return {row[0]: (FileSig(row[1], row[2], row[3]), row[4]) for row in rows}
 
-    def record_upload(self, path: str, sig: FileSig, sha256: str) -> None:
+    def record_uploads(self, uploads: list[tuple[str, FileSig, str]]) -> None:
+        """Record files the store confirmed: ``(path, signature, sha256)``, one transaction."""
+        now = time.time()
+        rows = [
+            (self.job_id, self.rank, path, sig.size, sig.mtime_ns, sig.inode, sha256, now)
+            for path, sig, sha256 in uploads
+        ]
         with self._lock, self._db:
-            self._db.execute(
-                "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    self.job_id,
-                    self.rank,
-                    path,
-                    sig.size,
-                    sig.mtime_ns,
-                    sig.inode,
-                    sha256,
-                    time.time(),
-                ),
+            self._db.executemany(
+                "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows
             )
 
     def earlier_owner(self, path: str, sig: FileSig) -> str | None:

@@ -48,6 +48,9 @@ from bt_agent.sidecar.stats import UploadStats
 from bt_agent.sidecar.watch import Watcher
 
 TICK = 0.1
+#: The shortest time between two coordinator steps: each completion wakes it, and a step costs
+#: time proportional to the files waiting, so many small uploads must not mean as many steps.
+MIN_STEP = 0.02
 MiB = 1024 * 1024
 
 
@@ -61,7 +64,7 @@ def _number(environ: Environ, name: str, default: float) -> float:
 
 @dataclass(frozen=True)
 class SidecarSettings:
-    quiet_seconds: float = 2.0  # no change for this long: a file is ready, a checkpoint complete
+    quiet_seconds: float = 0.5  # no change for this long: a file is ready, a checkpoint complete
     workers: int = 4  # uploads at a time (S3 parts of one upload run in parallel on top)
     backlog_interval: float = 30.0  # seconds between backlog lines while uploads wait
     retry_cap: float = 30.0  # longest wait between two attempts of a failed upload
@@ -161,7 +164,7 @@ class Sidecar:
         self.on_commit = on_commit
         self.stats = UploadStats()
         self._state = _State()
-        self._changes: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._changes: queue.SimpleQueue[tuple[str, bool]] = queue.SimpleQueue()
         self._work: queue.SimpleQueue[Candidate | None] = queue.SimpleQueue()
         self._done: queue.SimpleQueue[_Done] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -205,8 +208,7 @@ class Sidecar:
         the drain goes, since a stop signal shortens it) passes."""
         started = time.monotonic()
         self.watcher.stop()
-        for relative in self.dir.walk():
-            self._changes.put(str(self.dir.root / relative))
+        self._changes.put((str(self.dir.root), True))
         self._draining = True
         self._idle.clear()
         self._wake.set()
@@ -244,6 +246,7 @@ class Sidecar:
                 self._step(time.monotonic())
             except Exception as exc:  # never let one surprise end the uploads
                 self.log.error(f"checkpoint sidecar: {type(exc).__name__}: {exc}")
+            time.sleep(MIN_STEP)
             self._wake.wait(TICK)
             self._wake.clear()
 
@@ -269,22 +272,24 @@ class Sidecar:
     def _take_changes(self, now: float) -> None:
         while True:
             try:
-                path = self._changes.get_nowait()
+                path, whole = self._changes.get_nowait()
             except queue.Empty:
                 return
-            relative = self.dir.relative(path)
-            if relative is None:
+            if whole:  # a directory that appeared (or the whole dir, at the drain)
+                under = self.dir.relative(path) if path != str(self.dir.root) else ""
+                if under is not None:
+                    for inner in self.dir.walk(under):
+                        self._mark(inner, now)
                 continue
-            full = self.dir.root / relative
-            if full.is_dir() and not full.is_symlink():  # created or moved in whole
-                for inner in self.dir.walk(relative):
-                    self._mark(inner, now)
-            else:
+            relative = self.dir.relative(path)
+            if relative is not None:
                 self._mark(relative, now)
 
     def _submit(self, now: float) -> None:
         state = self._state
-        limit = self.settings.workers * 2  # a short queue keeps "newest first" meaningful
+        # A short queue keeps "newest first" meaningful, yet long enough that the workers never
+        # wait for the coordinator's next step.
+        limit = self.settings.workers * 8
         if len(state.in_flight) >= limit:
             return
         ready = [r for r, due in state.pending.items() if due <= now and r not in state.in_flight]
@@ -328,12 +333,14 @@ class Sidecar:
         return True
 
     def _collect(self, now: float) -> None:
+        """Take finished uploads; the journal records the durable ones in one transaction."""
         state = self._state
+        durable: list[tuple[str, FileSig, str]] = []
         while True:
             try:
                 done = self._done.get_nowait()
             except queue.Empty:
-                return
+                break
             relative = done.file.relative
             state.in_flight.discard(relative)
             if done.error is not None:
@@ -343,15 +350,16 @@ class Sidecar:
             elif done.after.sig != done.file.sig:
                 self._mark(relative, now)  # changed during the upload: upload again
             else:
-                self._durable(done, now)
+                assert done.sha256 is not None
+                durable.append((relative, done.file.sig, done.sha256))
+                self._durable(relative, done.file.sig, done.sha256, now)
+        if durable:
+            self.journal.record_uploads(durable)
 
-    def _durable(self, done: _Done, now: float) -> None:
+    def _durable(self, relative: str, sig: FileSig, sha256: str, now: float) -> None:
         state = self._state
-        relative, sig = done.file.relative, done.file.sig
-        assert done.sha256 is not None
-        state.durable[relative] = (sig, done.sha256)
+        state.durable[relative] = (sig, sha256)
         state.attempts.pop(relative, None)
-        self.journal.record_upload(relative, sig, done.sha256)
         self.stats.uploaded(sig.size)
         checkpoint = checkpoint_of(relative)
         state.dirty.add(checkpoint)

@@ -1,5 +1,10 @@
 """watchdog on the checkpoint dir: inotify where the kernel offers it, polling elsewhere. The
-handler only enqueues the paths that changed; deciding what to upload happens elsewhere."""
+handler only enqueues what changed; deciding what to upload happens elsewhere.
+
+Each change is ``(path, whole)``: ``whole`` when a directory appeared (created, or renamed into
+place as HF Trainer does), so everything under it must be looked at. A directory's own
+"modified" events are dropped: every entry that changed inside it has its own event.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,9 @@ POLL_INTERVAL = 1.0
 
 
 class Watcher:
-    def __init__(self, root: Path, changes: queue.SimpleQueue[str], polling: bool = False) -> None:
+    def __init__(
+        self, root: Path, changes: queue.SimpleQueue[tuple[str, bool]], polling: bool = False
+    ) -> None:
         self.root = root
         self.changes = changes
         self.polling = polling
@@ -31,9 +38,13 @@ class Watcher:
             def on_any_event(self, event: FileSystemEvent) -> None:
                 if event.event_type in ("opened", "closed_no_write"):
                     return
-                changes.put(_text(event.src_path))
+                if event.is_directory:
+                    if event.event_type in ("created", "moved"):
+                        changes.put((_text(event.dest_path or event.src_path), True))
+                    return
+                changes.put((_text(event.src_path), False))
                 if event.dest_path:
-                    changes.put(_text(event.dest_path))
+                    changes.put((_text(event.dest_path), False))
 
         if not self.polling:
             try:

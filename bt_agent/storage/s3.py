@@ -60,16 +60,21 @@ _RETRY = {
 
 @dataclass(frozen=True)
 class S3Tuning:
-    """Transfer settings. ``part_size`` grows for very large files to stay under 10,000 parts."""
+    """Transfer settings. Part sizes grow for very large files to stay under 10,000 parts.
 
-    multipart_threshold: int = 16 * MiB
-    part_size: int = 16 * MiB
+    Uploads hold ``concurrency x upload_part_size`` in memory at most (64 MiB by default: the
+    checkpoint sidecar runs beside training), downloads ``concurrency x part_size``."""
+
+    multipart_threshold: int = 16 * MiB  # downloads above this: parallel ranged GETs
+    part_size: int = 16 * MiB  # the range of each
+    upload_part_size: int = 8 * MiB  # uploads above this: multipart, in parts of this size
     concurrency: int = 8  # parts in flight per store (bounds memory) and HTTP connections
     list_page_size: int = 1000
 
-    def part_size_for(self, size: int) -> int:
+    def part_size_for(self, size: int, upload: bool = False) -> int:
         needed = math.ceil(size / (MAX_PARTS - 1))
-        return max(self.part_size, math.ceil(needed / MiB) * MiB)
+        base = self.upload_part_size if upload else self.part_size
+        return max(base, math.ceil(needed / MiB) * MiB)
 
 
 def _precondition_failed(exc: Exception) -> bool:
@@ -275,7 +280,7 @@ class S3Store(ObjectStore):
 
     def _upload(self, path: Path, key: str) -> str:
         size = path.stat().st_size
-        if size <= self.tuning.multipart_threshold:
+        if size <= self.tuning.upload_part_size:
             data = path.read_bytes()
             digest = hashlib.sha256(data)
             self._call(
@@ -290,7 +295,7 @@ class S3Store(ObjectStore):
         return self._upload_parts(path, key, size)
 
     def _upload_parts(self, path: Path, key: str, size: int) -> str:
-        part_size = self.tuning.part_size_for(size)
+        part_size = self.tuning.part_size_for(size, upload=True)
         upload = self._call(
             key, "create_multipart_upload", Key=self._key(key), ChecksumAlgorithm="SHA256"
         )

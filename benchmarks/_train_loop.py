@@ -1,0 +1,62 @@
+"""The start command of benchmarks/checkpoint_upload.py's step-time comparison: optionally write
+a large checkpoint into $BT_CHECKPOINT_DIR (which the sidecar then uploads while training goes
+on), then train a small MLP on the CPU and record every step's time.
+
+    _train_loop.py RESULT_JSON --seconds S [--checkpoint-mib N] [--threads T] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("result", type=Path)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--checkpoint-mib", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--width", type=int, default=1024)
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    device = torch.device(args.device)
+    width = args.width
+    model = torch.nn.Sequential(
+        torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width)
+    ).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batch = torch.randn(64, width, device=device)
+    if args.checkpoint_mib:
+        directory = Path(os.environ["BT_CHECKPOINT_DIR"]) / "checkpoint-0"
+        directory.mkdir(parents=True, exist_ok=True)
+        block = os.urandom(1 << 20)
+        for shard in range(8):
+            with open(directory / f"shard-{shard}.bin", "wb") as handle:
+                for _ in range(args.checkpoint_mib // 8):
+                    handle.write(block)
+    steps: list[float] = []
+    starts: list[float] = []  # wall clock, to compare with a manifest's committed_at
+    deadline = time.perf_counter() + args.seconds
+    while time.perf_counter() < deadline:
+        starts.append(time.time())
+        start = time.perf_counter()
+        loss = model(batch).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        steps.append(time.perf_counter() - start)
+    args.result.write_text(json.dumps({"steps": steps, "starts": starts}))
+
+
+if __name__ == "__main__":
+    main()

