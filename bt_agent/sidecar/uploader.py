@@ -16,7 +16,10 @@ store never holds the agent past its deadline). Never on the training process.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import heapq
+import os
 import queue
 import random
 import threading
@@ -70,6 +73,7 @@ class SidecarSettings:
     retry_cap: float = 30.0  # longest wait between two attempts of a failed upload
     drain_seconds: float = 1800.0  # the drain's limit when the commands end on their own
     polling: bool = False  # watch by polling (file systems without inotify)
+    nice: int = 10  # the upload threads yield the CPU to training (Linux: per-thread priority)
 
     @classmethod
     def from_environ(cls, environ: Environ) -> SidecarSettings:
@@ -174,6 +178,7 @@ class Sidecar:
         self._warned: set[str] = set()
         self._earlier: set[str] = set()
         self._last_report = time.monotonic()
+        self._last_backlog = 0.0
         self.watcher = Watcher(directory.root, self._changes, self.settings.polling)
         self._threads: list[threading.Thread] = []
 
@@ -241,6 +246,7 @@ class Sidecar:
     # --- the coordinator ---------------------------------------------------------------------
 
     def _loop(self) -> None:
+        _lower_priority(self.settings.nice)
         while not self._stop.is_set():
             try:
                 self._step(time.monotonic())
@@ -293,32 +299,45 @@ class Sidecar:
         if len(state.in_flight) >= limit:
             return
         ready = [r for r, due in state.pending.items() if due <= now and r not in state.in_flight]
-        ready.sort(key=lambda r: (-state.newest.get(checkpoint_of(r), 0), r))
-        for relative in ready:
-            if len(state.in_flight) >= limit:
-                return
-            found = self.dir.classify(relative)
-            if found is None or isinstance(found, Skipped):
-                del state.pending[relative]
-                if isinstance(found, Skipped):
-                    self._warn_once(relative, f"checkpoints: skipping {relative!r}: {found.reason}")
-                continue
-            checkpoint = checkpoint_of(relative)
-            state.sizes[relative] = found.sig.size
-            state.newest[checkpoint] = max(state.newest.get(checkpoint, 0), found.sig.mtime_ns)
-            known = state.durable.get(relative)
-            if known is not None and known[0] == found.sig:
-                del state.pending[relative]  # unchanged since it was uploaded
-                continue
-            if known is None and self._saved_by_earlier_job(found):
-                del state.pending[relative]
-                continue
-            if known is not None and checkpoint in state.commits:
-                self._uncommit(checkpoint)  # its manifest would name content about to change
+        while ready and len(state.in_flight) < limit:
+            # Only the first few in "newest checkpoint first" order: a full sort per step would
+            # cost more than the uploads of many small files.
+            batch = heapq.nsmallest(2 * limit, ready, key=self._priority)
+            chosen = set(batch)
+            ready = [r for r in ready if r not in chosen]
+            for relative in batch:
+                if len(state.in_flight) >= limit:
+                    return
+                self._consider(relative, now)
+
+    def _priority(self, relative: str) -> tuple[int, str]:
+        return (-self._state.newest.get(checkpoint_of(relative), 0), relative)
+
+    def _consider(self, relative: str, now: float) -> None:
+        """Upload a due file, unless it is gone, skipped, unchanged or saved by an earlier job."""
+        state = self._state
+        found = self.dir.classify(relative)
+        if found is None or isinstance(found, Skipped):
             del state.pending[relative]
-            state.in_flight.add(relative)
-            state.rounds.setdefault(checkpoint, _Round(now))
-            self._work.put(found)
+            if isinstance(found, Skipped):
+                self._warn_once(relative, f"checkpoints: skipping {relative!r}: {found.reason}")
+            return
+        checkpoint = checkpoint_of(relative)
+        state.sizes[relative] = found.sig.size
+        state.newest[checkpoint] = max(state.newest.get(checkpoint, 0), found.sig.mtime_ns)
+        known = state.durable.get(relative)
+        if known is not None and known[0] == found.sig:
+            del state.pending[relative]  # unchanged since it was uploaded
+            return
+        if known is None and self._saved_by_earlier_job(found):
+            del state.pending[relative]
+            return
+        if known is not None and checkpoint in state.commits:
+            self._uncommit(checkpoint)  # its manifest would name content about to change
+        del state.pending[relative]
+        state.in_flight.add(relative)
+        state.rounds.setdefault(checkpoint, _Round(now))
+        self._work.put(found)
 
     def _saved_by_earlier_job(self, found: Candidate) -> bool:
         owner = self.journal.earlier_owner(found.relative, found.sig)
@@ -384,6 +403,7 @@ class Sidecar:
             )
 
     def _worker(self) -> None:
+        _lower_priority(self.settings.nice)  # threads it starts (S3 parts) inherit it
         while (file := self._work.get()) is not None:
             self._done.put(self._upload(file))
             self._wake.set()
@@ -402,14 +422,19 @@ class Sidecar:
 
     def _commit_ready(self, now: float) -> None:
         state = self._state
+        quiet = self.settings.quiet_seconds
+        eligible = [
+            c
+            for c in sorted(state.dirty)
+            if (self._draining or now >= state.touched.get(c, 0.0) + quiet)
+            and now >= state.commit_retry.get(c, 0.0)
+        ]
+        if not eligible:
+            return
         busy = state.busy()
-        for checkpoint in sorted(state.dirty - busy):
-            quiet_since = state.touched.get(checkpoint, 0.0) + self.settings.quiet_seconds
-            if not self._draining and now < quiet_since:
-                continue
-            if now < state.commit_retry.get(checkpoint, 0.0):
-                continue
-            self._commit(checkpoint, now)
+        for checkpoint in eligible:
+            if checkpoint not in busy:
+                self._commit(checkpoint, now)
 
     def _commit(self, checkpoint: str, now: float) -> None:
         state = self._state
@@ -479,6 +504,9 @@ class Sidecar:
     # --- visibility --------------------------------------------------------------------------
 
     def _report(self, now: float) -> None:
+        if now - self._last_backlog < 1.0:
+            return
+        self._last_backlog = now
         state = self._state
         waiting = [*state.pending, *state.in_flight]
         self.stats.backlog(len(waiting), sum(state.sizes.get(r, 0) for r in waiting))
@@ -496,6 +524,13 @@ class Sidecar:
         if key not in self._warned:
             self._warned.add(key)
             self.log.warning(message)
+
+
+def _lower_priority(increment: int) -> None:
+    """Lower the calling thread's CPU priority (on Linux, niceness is per thread)."""
+    with contextlib.suppress(OSError, AttributeError):
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
 
 
 def _signature(files: list[tuple[str, FileSig, str]]) -> str:

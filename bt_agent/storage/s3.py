@@ -133,7 +133,13 @@ class S3Store(ObjectStore):
             # Checksums only where we send them (SHA256): what R2 and other S3-alikes accept.
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
-            s3={"addressing_style": "path"} if self.endpoint_url else {},
+            s3={
+                # Every request with a body carries our ChecksumSHA256, in a signed header,
+                # which the service verifies: signing the payload as well would hash each
+                # byte a third time (botocore does so on plain-http endpoints).
+                "payload_signing_enabled": False,
+                **({"addressing_style": "path"} if self.endpoint_url else {}),
+            },
         )
         keys = self.keys
         session = boto3.session.Session(
