@@ -40,3 +40,14 @@ class AgentLog:
 
     def error(self, message: str) -> None:
         self._emit("error: ", message)
+
+
+def format_bytes(size: float) -> str:
+    """``512 B``, ``6.7 KB``, ``2.1 GB`` (decimal units, like transfer rates)."""
+    if size < 1000:
+        return f"{size:.0f} B"
+    for unit in ("KB", "MB", "GB", "TB"):
+        size /= 1000
+        if size < 1000 or unit == "TB":
+            break
+    return f"{size:,.1f} {unit}"

@@ -15,6 +15,7 @@ from bt_agent.cli.output import render
 from bt_agent.context import ContextInputs, Layout, NodeContext, resolve
 from bt_agent.env import build
 from bt_agent.errors import NotFoundError, RecordNotFoundError, SpecError, UsageError
+from bt_agent.log import format_bytes
 from bt_agent.secrets import Secrets
 from bt_agent.secrets import resolve as resolve_secrets
 from bt_agent.settings import CONFIG_PYTHON_VARIABLE, SPEC_VARIABLE, Environ
@@ -179,7 +180,7 @@ def checkpoints(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.checkpoints_command == "list":
         rows = [r.to_dict() for r in browser.rows(args.project, args.job_id, args.sort)]
         for row in rows:
-            row["size"] = _size(row["size"]) if args.output == "table" else row["size"]
+            row["size"] = format_bytes(row["size"]) if args.output == "table" else row["size"]
         listed = ("job_id", "checkpoint", "node", "type", "base_model", "size", "created_at")
         out.write(render(rows, listed, args.output) + "\n")
     elif args.checkpoints_command == "files":
@@ -190,17 +191,6 @@ def checkpoints(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         summaries = browser.inspect(args.job_id, args.checkpoint, args.file, args.node)
         _tensors(summaries, args.output, out)
     return 0
-
-
-def _size(size: int) -> str:
-    if size < 1000:
-        return f"{size} B"
-    value = float(size)
-    for unit in ("KB", "MB", "GB", "TB"):
-        value /= 1000
-        if value < 1000 or unit == "TB":
-            break
-    return f"{value:,.1f} {unit}"
 
 
 def _tensors(summaries: list[Any], fmt: str, out: TextIO) -> None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from bt_agent.catalog import Catalog, checkpoint_file_key
 from bt_agent.errors import BtAgentError
-from bt_agent.log import AgentLog
+from bt_agent.log import AgentLog, format_bytes
 from bt_agent.records import Manifest, ManifestFile, now_iso
 from bt_agent.settings import (
     CHECKPOINT_QUIET_VARIABLE,
@@ -482,10 +482,11 @@ class Sidecar:
     def _log_commit(self, manifest: Manifest, round_: _Round | None, now: float) -> None:
         uploaded = round_.bytes if round_ else 0
         seconds = max(now - round_.started, 1e-3) if round_ else 0.0
-        rate = f" ({uploaded / seconds / 1e6:,.0f} MB/s)" if uploaded else ""
+        rate = f" ({format_bytes(uploaded / seconds)}/s)" if uploaded >= 1_000_000 else ""
+        count = len(manifest.files)
         self.log.info(
-            f"checkpoint {manifest.checkpoint} committed: {len(manifest.files)} files, "
-            f"{manifest.size / 1e6:,.1f} MB; uploaded {uploaded / 1e6:,.1f} MB in "
+            f"checkpoint {manifest.checkpoint} committed: {count} file{'s' * (count != 1)}, "
+            f"{format_bytes(manifest.size)}; uploaded {format_bytes(uploaded)} in "
             f"{seconds:.1f} s{rate}"
         )
 
@@ -516,7 +517,7 @@ class Sidecar:
         totals = self.stats.totals()
         self.log.info(
             f"checkpoints: {len(waiting)} file(s) waiting to upload, {len(state.in_flight)} "
-            f"in flight; {totals.files} uploaded ({totals.bytes / 1e6:,.1f} MB), "
+            f"in flight; {totals.files} uploaded ({format_bytes(totals.bytes)}), "
             f"{totals.failures} failed attempt(s) retried"
         )
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from bt_agent.catalog import Catalog
 from bt_agent.errors import StagingError
-from bt_agent.log import AgentLog
+from bt_agent.log import AgentLog, format_bytes
 from bt_agent.records import UploadTotals
 from bt_agent.settings import METRICS_PORT_VARIABLE
 
@@ -101,7 +101,7 @@ class CheckpointUploads:
         if report.complete:
             self.log.info(
                 f"checkpoints: every file durable ({totals.files} uploaded, "
-                f"{totals.bytes / 1e6:,.1f} MB; {totals.commits} commit(s))"
+                f"{format_bytes(totals.bytes)}; {totals.commits} commit(s))"
             )
             return None
         what = report.describe()
