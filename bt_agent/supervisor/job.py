@@ -198,6 +198,10 @@ class JobRunner:
         self._checkpoints.start()
 
     def _load_checkpoints(self) -> None:
+        # What an earlier job on this node root loaded must not pass for this job's checkpoints
+        # (in a container the load dir starts empty; on a reused --node-root it would not).
+        if _empty(self.plan.dirs.loaded_checkpoints):
+            self.log.info("removed what an earlier job had loaded into $BT_LOAD_CHECKPOINT_DIR")
         references = self.plan.spec.job.runtime.checkpoints_to_load
         if not references:
             return
@@ -392,14 +396,7 @@ class JobRunner:
             pump.join(1.0)
 
     def _clear_scratch(self) -> None:
-        scratch = self.plan.dirs.scratch
-        if not scratch.is_dir():
-            return
-        for entry in scratch.iterdir():
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
+        _empty(self.plan.dirs.scratch)
 
     def _upload_log(self, path: Path) -> None:
         ctx = self.plan.context
@@ -407,3 +404,17 @@ class JobRunner:
             self.catalog.upload_log(ctx.project, ctx.job_id, ctx.node_rank, path)
         except BtAgentError as exc:
             self.log.error(f"could not save the node log: {exc}")
+
+
+def _empty(directory: Path) -> bool:
+    """Remove everything inside ``directory`` (kept itself); True if there was anything."""
+    if not directory.is_dir():
+        return False
+    found = False
+    for entry in directory.iterdir():
+        found = True
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+    return found
