@@ -20,7 +20,7 @@ from pathlib import Path
 from bt_agent.catalog import Catalog, checkpoint_prefix
 from bt_agent.context import NodeContext
 from bt_agent.errors import NotFoundError, StagingError, StoreError
-from bt_agent.log import AgentLog
+from bt_agent.log import AgentLog, format_bytes
 from bt_agent.records import Manifest, latest_manifest, natural_key
 from bt_agent.spec.models import CheckpointReference, LatestCheckpoint, NamedCheckpoint
 from bt_agent.storage import ObjectInfo
@@ -149,9 +149,8 @@ class CheckpointLoader:
         except StoreError as exc:
             raise StagingError(f"checkpoints[{item.index}] {item.label}: {exc}") from exc
         m = item.manifest
-        self.log.info(
-            f"checkpoints[{item.index}]: {len(m.files)} files, {m.size / 1e6:,.1f} MB -> {target}"
-        )
+        files = f"{len(m.files)} file{'s' * (len(m.files) != 1)}"
+        self.log.info(f"checkpoints[{item.index}]: {files}, {format_bytes(m.size)} -> {target}")
 
 
 def download_checkpoint(
