@@ -226,3 +226,72 @@ def test_two_nodes_checkpoint_per_rank_and_resume_each_its_own(agent: Agent) -> 
         assert (loaded / "checkpoint-20" / "model.safetensors").is_file()
         assert committed(store, "two0002", rank) == ["checkpoint-30"]
     assert digest(log, "resumed from checkpoint-20 at step 20") == at_20
+
+
+HF = REPO / "examples" / "hf-trainer"
+TINY_MODEL = """
+import sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+torch.manual_seed(0)
+config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+LlamaForCausalLM(config).save_pretrained(sys.argv[1])
+"""
+
+
+def _hf_job(agent: Agent, steps: int, load: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    job = json.loads((HF / "job.json").read_text())["training_job"]
+    job["runtime"]["environment_variables"]["STEPS"] = str(steps)
+    if load:
+        job["runtime"]["load_checkpoint_config"] = {"enabled": True, "checkpoints": load}
+    code = agent.root / "code"
+    code.mkdir(parents=True, exist_ok=True)
+    shutil.copy(HF / "train.py", code / "train.py")
+    return dict(job)
+
+
+def test_hf_trainer_with_base_weights_from_the_hub_resumes(
+    agent: Agent, hf_server: servers.Olah
+) -> None:
+    try:
+        import accelerate  # noqa: F401  (the Trainer needs it)
+        import transformers  # noqa: F401
+    except ImportError:
+        pytest.fail("the hf-trainer example needs transformers: pip install -e '.[test]'")
+    model_dir = agent.root / "tiny"
+    subprocess.run([sys.executable, "-c", TINY_MODEL, str(model_dir)], check=True)
+    files = {p.name: p.read_bytes() for p in model_dir.iterdir() if p.is_file()}
+    job = json.loads((HF / "job.json").read_text())["training_job"]
+    repo = job["weights"][0]["source"].removeprefix("hf://").split("@")[0]
+    servers.hf_repo(hf_server.mirrors, repo, {**files, "README.md": b"# a model card"})
+    env = {**FAST, "HF_ENDPOINT": hf_server.endpoint}
+    project = ("--project", "hf-trainer")
+    store = open_store(agent.store.as_uri(), Environ({}))
+
+    first = agent.run_job(_hf_job(agent, 20), *project, "--job-id", "hft0001", env=env, timeout=240)
+    assert first.code == 0, first.text
+    assert "3 files" in first.err and "README" not in first.err  # allow_patterns
+    assert "done at global step 20" in first.out
+    assert committed(store, "hft0001", project="hf-trainer") == ["checkpoint-10", "checkpoint-20"]
+
+    second = agent.run_job(
+        _hf_job(agent, 30, load=[latest("hf-trainer")]),
+        *project,
+        "--job-id",
+        "hft0002",
+        env=env,
+        timeout=240,
+    )
+    assert second.code == 0, second.text
+    assert "loading checkpoint-20 of job hft0001" in second.err
+    assert "resuming from checkpoint-20" in second.out
+    assert "done at global step 30" in second.out
+    assert committed(store, "hft0002", project="hf-trainer") == ["checkpoint-30"]
+    state = json.loads(
+        store.read_bytes(
+            "projects/hf-trainer/jobs/hft0002/checkpoints/rank-0/checkpoint-30/trainer_state.json"
+        )
+    )
+    assert state["global_step"] == 30
+    logged = [entry["step"] for entry in state["log_history"] if "loss" in entry]
+    assert logged == [5, 10, 15, 20, 25, 30], "the resumed run carries the first run's history"
