@@ -224,7 +224,7 @@ class Sidecar:
         self._wake.set()
         for thread in self._threads:
             if thread.name == "bt-sidecar":
-                thread.join(5)
+                thread.join(0.5)  # a step stuck on a dead store must not hold the deadline
         for _ in range(self.settings.workers):
             self._work.put(None)
         report = self._report_lost(time.monotonic() - started)
@@ -233,12 +233,10 @@ class Sidecar:
 
     def _report_lost(self, seconds: float) -> DrainReport:
         state = self._state
-        left = sorted(
-            r
-            for r in (*state.pending, *state.in_flight)
-            if isinstance(self.dir.classify(r), Candidate)
-        )
-        uncommitted = sorted(state.dirty | {checkpoint_of(r) for r in left})
+        # Snapshots (each taken at once under the GIL): the coordinator may still be in a step.
+        waiting = list(state.pending) + list(state.in_flight)
+        left = sorted(r for r in set(waiting) if isinstance(self.dir.classify(r), Candidate))
+        uncommitted = sorted(set(state.dirty) | {checkpoint_of(r) for r in left})
         self.stats.lost(left)
         self.stats.backlog(len(left), 0)
         return DrainReport(left, uncommitted, seconds)
