@@ -383,3 +383,24 @@ def test_sigterm_during_the_drain_ends_within_the_grace_period(
     )
     assert record["status"] == "TRAINING_JOB_STOPPED"
     assert record["uploads"]["not_durable"] == ["checkpoint-1/model.bin"]
+
+
+@pytest.mark.parametrize(
+    ("relative", "expected"),
+    [
+        ("tmp-checkpoint-20/model.safetensors", True),  # HF Trainer, before its rename
+        ("tmp_save/w.bin", True),
+        (".staging/w.bin", True),
+        ("checkpoint-20.tmp/w.bin", True),
+        ("checkpoint-20/model.safetensors.tmp", True),
+        ("checkpoint-20/w.bin.partial", True),
+        ("checkpoint-20/model.safetensors", False),
+        ("checkpoint-20/.metadata", False),  # torch.distributed.checkpoint's index
+        ("tmp-notes.txt", False),  # a root file: checkpoint "."
+        ("checkpoint-20/tmp-cache/x", False),  # only top-level directories count
+    ],
+)
+def test_work_in_progress_is_never_uploaded(relative: str, expected: bool) -> None:
+    from bt_agent.sidecar.files import transient
+
+    assert transient(relative) is expected

@@ -2,7 +2,11 @@
 may be uploaded, and a signature that tells when it changed.
 
 A checkpoint is a top-level directory of the checkpoint dir; files at its root belong to the
-checkpoint named ``.`` (REFERENCE.md §4). Only regular files are uploaded, and symlinks that
+checkpoint named ``.`` (REFERENCE.md §4). Work in progress is never uploaded: a top-level
+directory named like a temporary one (``tmp-checkpoint-20``, as HF Trainer writes before its
+rename, ``tmp_*``, hidden ``.*``, ``*.tmp``) and files ending ``.tmp``, ``.partial`` or
+``.incomplete``; after a crash such leftovers would otherwise be committed as checkpoints.
+ Only regular files are uploaded, and symlinks that
 resolve to one inside the checkpoint dir; FIFOs, sockets, devices and symlinks that point
 outside are skipped, never opened (opening a FIFO would block).
 """
@@ -16,6 +20,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT_CHECKPOINT = "."
+TEMPORARY_DIR_PREFIXES = ("tmp-", "tmp_", ".")
+TEMPORARY_SUFFIXES = (".tmp", ".partial", ".incomplete")
+
+
+def transient(relative: str) -> bool:
+    """Whether ``relative`` is work in progress: under a temporary top-level directory, or a
+    file with a temporary suffix."""
+    head, sep, _ = relative.partition("/")
+    if sep and (head.startswith(TEMPORARY_DIR_PREFIXES) or head.endswith(TEMPORARY_SUFFIXES)):
+        return True
+    return relative.endswith(TEMPORARY_SUFFIXES)
 
 
 @dataclass(frozen=True)
@@ -79,7 +94,7 @@ class CheckpointDir:
         if relative == "." or relative.startswith(".." + os.sep) or relative == "..":
             return None
         relative = relative.replace(os.sep, "/")
-        return None if relative in self.ignore else relative
+        return None if relative in self.ignore or transient(relative) else relative
 
     def classify(self, relative: str) -> Candidate | Skipped | None:
         """What ``relative`` is now: a candidate, a skipped entry, or None (gone, or a

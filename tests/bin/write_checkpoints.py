@@ -8,6 +8,7 @@ the store against what was written even after the trainer deleted old checkpoint
 hf       HF Trainer: write tmp-checkpoint-N/, then rename it to checkpoint-N/
 inplace  torch.save straight into checkpoint-N/model.pt (a tensor dict)
 shards   distributed-checkpoint style: many __<i>_0.distcp shards and a .metadata file
+--tmp-pause         wait this long in tmp-checkpoint-N/ before the rename
 --rewrite           rewrite checkpoint-N's largest file in place right after writing it
 --save-total-limit  delete the oldest checkpoints beyond K, as Trainer's save_total_limit
 --hold              sleep this long at the end (a trainer still running)
@@ -47,6 +48,7 @@ def _checkpoint(
         _write(tmp / "model.safetensors", rng.randbytes(args.size))
         _write(tmp / "config.json", json.dumps({"step": step}).encode())
         _write(tmp / "optimizer.pt", rng.randbytes(max(args.size // 4, 1)))
+        time.sleep(args.tmp_pause)  # still being written, as far as anyone can tell
         os.rename(tmp, root / name)
     elif args.style == "inplace":
         import torch
@@ -77,6 +79,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=100_000)
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--pause", type=float, default=0.0)
+    parser.add_argument("--tmp-pause", type=float, default=0.0)
     parser.add_argument("--save-total-limit", type=int, default=0)
     parser.add_argument("--rewrite", action="store_true")
     parser.add_argument("--hold", type=float, default=0.0)

@@ -1,0 +1,123 @@
+"""SIGKILL of the agent at seeded random points of a job that writes several checkpoints, then
+the agent started again on the same node (the container restarted): nothing lost, nothing
+uploaded twice, no manifest that names anything but durable objects with matching sha256, no
+checkpoint committed that was not complete on disk.
+
+    BT_FAULT_POINTS=200 BT_FAULT_SEED=7 python3 -m pytest tests/faults   # more points
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import sqlite3
+import sys
+import time
+from contextlib import closing
+from pathlib import Path
+
+from conftest import BIN, Agent, marked_processes, wait_for
+
+from bt_agent.catalog import Catalog, checkpoint_prefix
+from bt_agent.settings import Environ
+from bt_agent.storage import open_store
+
+POINTS = int(os.environ.get("BT_FAULT_POINTS", "20"))
+SEED = int(os.environ.get("BT_FAULT_SEED", "1"))
+ENV = {"BT_CHECKPOINT_QUIET_SECONDS": "0.2"}
+WRITER = (
+    f"{sys.executable} {BIN / 'write_checkpoints.py'} /dev/null --style hf --steps 4 "
+    "--size 1500000 --pause 0.1 --tmp-pause 0.2"
+)
+
+
+def _job(command: str) -> dict[str, object]:
+    return {
+        "image": {"base_image": "x"},
+        "runtime": {"start_commands": [command], "checkpointing_config": {"enabled": True}},
+    }
+
+
+def _complete_on_disk(directory: Path) -> dict[str, dict[str, str]]:
+    """The checkpoints a trainer finished: HF-style, those renamed into place."""
+    if not directory.is_dir():
+        return {}
+    return {
+        ckpt.name: {
+            p.relative_to(ckpt).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in ckpt.rglob("*")
+            if p.is_file()
+        }
+        for ckpt in directory.iterdir()
+        if ckpt.is_dir() and ckpt.name.startswith("checkpoint-")
+    }
+
+
+def _journal_files(node: Path, job_id: str) -> int:
+    journal = node / "var" / "lib" / "bt-agent" / "sidecar-journal.sqlite"
+    if not journal.exists():
+        return 0
+    with closing(sqlite3.connect(journal, timeout=5)) as db:
+        try:
+            row = db.execute("SELECT COUNT(*) FROM files WHERE job_id=?", (job_id,)).fetchone()
+        except sqlite3.OperationalError:
+            return 0
+        return int(row[0])
+
+
+def _kill_everything(agent: Agent) -> None:
+    """The container died: the agent and every process of the job."""
+    for pid in marked_processes(agent.mark):
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not marked_processes(agent.mark), 10, "the job's processes to die")
+
+
+def test_sigkill_at_random_points_then_restart_loses_nothing(agent: Agent) -> None:
+    rng = random.Random(SEED)
+    store = open_store(agent.store.as_uri(), Environ({}))
+    catalog = Catalog(store)
+    outcomes: list[str] = []
+    for point in range(POINTS):
+        job_id = f"kil{point:04d}"
+        node = agent.root / f"node{point}"
+        delay = rng.uniform(0.2, 1.8)  # the writer is done after about 1.5 s
+        process = agent.start(_job(WRITER), "--job-id", job_id, "--node-root", str(node), env=ENV)
+        time.sleep(delay)
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+        _kill_everything(agent)
+        before = _journal_files(node, job_id)
+        on_disk = _complete_on_disk(node / "mnt" / "ckpts")
+        expected_files = sum(len(files) for files in on_disk.values())
+
+        again = agent.run_job(
+            _job("true"),
+            "--job-id",
+            job_id,
+            "--node-root",
+            str(node),
+            env={**ENV, "BT_RETRY_COUNT": "1"},
+            timeout=60,
+        )
+        where = f"kill point {point} at {delay:.2f} s"
+        assert again.code == 0, f"{where}: {again.text}"
+        committed = {m.checkpoint: m for m in catalog.manifests("default", job_id, 0)}
+        assert sorted(committed) == sorted(on_disk), f"{where}: {sorted(committed)}"
+        for name, files in on_disk.items():
+            manifest = committed[name]
+            assert {f.path: f.sha256 for f in manifest.files} == files, f"{where}: {name}"
+            prefix = checkpoint_prefix("default", job_id, 0, name)
+            for entry in manifest.files:
+                data = store.read_bytes(f"{prefix}/{entry.path}")
+                assert hashlib.sha256(data).hexdigest() == entry.sha256, f"{where}: {name}"
+        record = json.loads(store.read_bytes(f"projects/default/jobs/{job_id}/nodes/rank-0.json"))
+        uploaded_again = record["uploads"]["files"]
+        assert record["uploads"]["not_durable"] == []
+        assert uploaded_again <= expected_files - min(before, expected_files), (
+            f"{where}: {uploaded_again} uploaded again, {before} were durable already"
+        )
+        outcomes.append(f"{delay:.2f}s:{len(on_disk)}ckpt/{before}pre/{uploaded_again}re")
+    print(f"{POINTS} kill points (seed {SEED}): " + " ".join(outcomes))
