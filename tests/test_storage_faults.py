@@ -113,3 +113,45 @@ def test_retry_gives_up_and_says_so() -> None:
     with pytest.raises(TransientStoreError, match="gave up after 2 attempts") as caught:
         retry(always, RetryPolicy(attempts=2), sleep=lambda s: None)
     assert caught.value.uri == "s3://b/k"
+
+
+def test_retry_for_waits_out_an_outage_then_gives_up_or_stops() -> None:
+    from bt_agent.errors import TransientStoreError
+    from bt_agent.storage.retry import retry_for
+
+    now = [0.0]
+    calls: list[float] = []
+
+    def clock() -> float:
+        return now[0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    def down() -> None:
+        calls.append(now[0])
+        raise TransientStoreError("cannot reach the store")
+
+    told: list[float] = []
+    with pytest.raises(TransientStoreError):
+        retry_for(
+            down, 60, on_failure=lambda exc, left: told.append(left), sleep=sleep, clock=clock
+        )
+    assert calls[-1] >= 60 and len(calls) > 3, "kept trying for the whole window"
+    assert told[0] == 60
+
+    back_at = 25.0
+
+    def flaky() -> str:
+        if now[0] < back_at:
+            raise TransientStoreError("cannot reach the store")
+        return "ok"
+
+    now[0] = 0.0
+    assert retry_for(flaky, 60, sleep=sleep, clock=clock) == "ok"
+    assert now[0] < back_at + 12, "retried soon after the store came back"
+
+    now[0] = 0.0
+    with pytest.raises(InterruptedError):
+        retry_for(down, 60, stopping=lambda: now[0] > 5, sleep=sleep, clock=clock)
+    assert now[0] < 6, "a stop request ends the wait"

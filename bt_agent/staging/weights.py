@@ -18,15 +18,17 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from bt_agent.context import NodeContext
-from bt_agent.errors import StagingError, StoreError, UsageError
+from bt_agent.errors import StagingError, StoreError, TransientStoreError, UsageError
 from bt_agent.log import AgentLog
 from bt_agent.secrets import Secrets
 from bt_agent.settings import (
     CLUSTER_CACHE_DIR_VARIABLE,
     NODE_CACHE_DIR_VARIABLE,
     NODE_CACHE_MAX_BYTES_VARIABLE,
+    STORE_OUTAGE_VARIABLE,
     Environ,
 )
 from bt_agent.spec.models import TrainingJob, WeightsSource
@@ -36,8 +38,12 @@ from bt_agent.staging.progress import Progress
 from bt_agent.storage import ObjectInfo, ObjectStore, open_store
 from bt_agent.storage.hf import HFStore
 from bt_agent.storage.keys import check_key
+from bt_agent.storage.retry import retry_for
 
+T = TypeVar("T")
 FETCH_WORKERS = 8
+#: How long an unreachable source is waited out before staging fails (BT_STORE_OUTAGE_SECONDS).
+DEFAULT_OUTAGE_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,9 @@ class WeightsStager:
         self.secrets = secrets
         self.mount_path = mount_path
         self.stopping = stopping
+        outage = environ.get(STORE_OUTAGE_VARIABLE)
+        self.outage_seconds = float(outage) if outage else DEFAULT_OUTAGE_SECONDS
+        self._warned: set[int] = set()
 
     def stage(self, sources: list[WeightsSource]) -> list[SourcePlan]:
         plans = [self._plan(i, w) for i, w in enumerate(sources)]
@@ -151,7 +160,8 @@ class WeightsStager:
         secret = self.secrets.get(weights.secret_name) if weights.secret_name else None
         try:
             store = open_store(weights.source, self.environ, secret, weights.secret_name or "")
-            plan = plan_source(index, weights, store, self.mount_path(weights.mount_location))
+            mount = self.mount_path(weights.mount_location)
+            plan = self._patiently(index, lambda: plan_source(index, weights, store, mount))
         except (StoreError, UsageError) as exc:
             raise self._fail(index, weights, exc) from exc
         if not plan.files:
@@ -220,9 +230,24 @@ class WeightsStager:
             with self._count_lock:
                 self.cluster_hits += 1
             return
-        plan.store.download(item.info.key, path, item.info)
+        self._patiently(plan.index, lambda: plan.store.download(item.info.key, path, item.info))
         if cluster is not None:
             cluster.ensure(item.entry, lambda shared: copy_atomic(path, shared))
+
+    def _patiently(self, index: int, call: Callable[[], T]) -> T:
+        """``call()``, waiting out an unreachable source for up to ``outage_seconds``."""
+
+        def failed(exc: TransientStoreError, left: float) -> None:
+            with self._count_lock:
+                if index in self._warned:
+                    return
+                self._warned.add(index)
+            self.log.warning(
+                f"weights[{index}]: the source is unreachable ({exc}); "
+                f"retrying for up to {left:.0f} s"
+            )
+
+        return retry_for(call, self.outage_seconds, self.stopping, failed)
 
     def _mount(self, plan: SourcePlan) -> None:
         mount = plan.mount

@@ -44,3 +44,34 @@ def retry(
                 ) from exc
             sleep(policy.delay(attempt))
     raise AssertionError("unreachable")
+
+
+def retry_for(
+    call: Callable[[], T],
+    seconds: float,
+    stopping: Callable[[], bool] = lambda: False,
+    on_failure: Callable[[TransientStoreError, float], None] = lambda exc, left: None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> T:
+    """``call()`` (itself retried a few times by the store) again and again while it fails
+    transiently, for up to ``seconds`` after the first failure: an outage of the store outlasts
+    a few quick retries. ``on_failure(error, seconds_left)`` is told of each failure; a stop
+    request ends the waiting with :class:`InterruptedError`."""
+    give_up: float | None = None
+    attempt = 0
+    while True:
+        try:
+            return call()
+        except TransientStoreError as exc:
+            now = clock()
+            give_up = now + seconds if give_up is None else give_up
+            if stopping():
+                raise InterruptedError("stop requested") from exc
+            if now >= give_up:
+                raise
+            on_failure(exc, give_up - now)
+            attempt += 1
+            wake = min(give_up, now + 1.0 + random.random() * min(10.0, 2.0**attempt))
+            while clock() < wake and not stopping():  # a stop request is heard within 0.1 s
+                sleep(0.1)
