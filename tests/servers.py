@@ -77,6 +77,7 @@ class Server:
     env: dict[str, str] = field(default_factory=dict)
     ready_timeout: float = 30.0
     process: subprocess.Popen[bytes] | None = None
+    cwd: Path | None = None  # where it may write files of its own (olah writes logs/ there)
 
     def start(self) -> Server:
         with open(self.log, "ab") as out:
@@ -86,6 +87,7 @@ class Server:
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **self.env},
                 start_new_session=True,
+                cwd=self.cwd,
             )
         wait_for_port(self.port, self.process, self.ready_timeout, self.log)
         return self
@@ -245,7 +247,7 @@ def olah(root: Path, mirrors: Path) -> Olah:
         "[accessibility]\noffline = true\n"
     )
     argv = [olah_cli, "--config", str(config)]
-    server = Olah(argv, port, root / "olah.log", ready_timeout=60, mirrors=mirrors)
+    server = Olah(argv, port, root / "olah.log", ready_timeout=60, mirrors=mirrors, cwd=root)
     return server.start()  # type: ignore[return-value]
 
 
