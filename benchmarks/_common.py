@@ -63,6 +63,20 @@ def table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def write_tree(root: Path, count: int, size: int, name: str = "f{:05d}.bin") -> Path:
+    """``count`` files of ``size`` random bytes (one random MiB repeated) under ``root``."""
+    root.mkdir(parents=True)
+    block = os.urandom(min(max(size, 1), 1024 * 1024))
+    for i in range(count):
+        with open(root / name.format(i), "wb") as handle:
+            left = size
+            while left:
+                chunk = block[: min(left, len(block))]
+                handle.write(chunk)
+                left -= len(chunk)
+    return root
+
+
 def write_json(name: str, payload: dict[str, Any]) -> Path:
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.json"

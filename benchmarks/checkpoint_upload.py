@@ -31,7 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from _common import table, write_json
+from _common import table, write_json, write_tree
 
 REPO = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
@@ -39,19 +39,6 @@ sys.path.insert(0, str(REPO / "tests"))
 import servers  # noqa: E402  (the same server fixtures the tests use)
 
 MiB = 1024 * 1024
-
-
-def _tree(root: Path, count: int, size: int) -> Path:
-    root.mkdir(parents=True)
-    block = os.urandom(max(size, 1) if size < MiB else MiB)
-    for i in range(count):
-        with open(root / f"part-{i:05d}.bin", "wb") as handle:
-            left = size
-            while left:
-                chunk = block[: min(left, len(block))]
-                handle.write(chunk)
-                left -= len(chunk)
-    return root
 
 
 def _epoch(iso: str) -> float:
@@ -288,10 +275,10 @@ def main() -> int:
                 {}
                 if args.skip_uploads
                 else {
-                    f"{args.big_mib / 1024:g} GiB, 8 files": _tree(
+                    f"{args.big_mib / 1024:g} GiB, 8 files": write_tree(
                         work / "big", 8, args.big_mib * MiB // 8
                     ),
-                    f"{args.small_count} files of 16 KiB": _tree(
+                    f"{args.small_count} files of 16 KiB": write_tree(
                         work / "small", args.small_count, 16 * 1024
                     ),
                 }

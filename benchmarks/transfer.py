@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _common import table, write_json
+from _common import table, write_json, write_tree
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -31,15 +31,7 @@ Command = Callable[[str, Path, str], list[str]]  # (direction, local dir, remote
 
 
 def _make_tree(root: Path, count: int, size: int) -> Path:
-    root.mkdir(parents=True)
-    block = os.urandom(1024 * 1024)
-    for i in range(count):
-        with open(root / f"f{i:05d}.bin", "wb") as handle:
-            remaining = size
-            while remaining:
-                chunk = block[: min(remaining, len(block))]
-                handle.write(chunk)
-                remaining -= len(chunk)
+    write_tree(root, count, size)
     subprocess.run(["sync"], check=True)
     return root
 

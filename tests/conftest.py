@@ -199,6 +199,48 @@ def finish(process: subprocess.Popen[str], timeout: float, agent: Agent) -> int:
         ) from None
 
 
+def run_entrypoint(
+    agent: Agent, env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run ``entrypoint.sh`` as a container would, the agent found through ``BT_AGENT_BIN``;
+    node root and store default to the agent's, ``env`` may override them."""
+    wrapper = agent.root / "bt-agent"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -m bt_agent "$@"\n')
+    wrapper.chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("BT_")}
+    full = {
+        **base,
+        "BT_AGENT_BIN": str(wrapper),
+        "HOME": str(agent.root),
+        "BT_NODE_ROOT": str(agent.node_root),
+        "BT_STORE_URL": str(agent.store),
+        MARK: agent.mark,
+        **env,
+    }
+    return subprocess.run(
+        [str(REPO / "entrypoint.sh")],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@contextlib.contextmanager
+def small_tmpfs(where: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (e.g. ``2m``) at ``where``, for full-disk tests. Mounting needs root:
+    CI runs as root; elsewhere the test is skipped and says why."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
 def job_with(**runtime: Any) -> dict[str, Any]:
     """A minimal valid job with these runtime fields."""
     return {**MINIMAL_JOB, "runtime": runtime}

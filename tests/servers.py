@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,17 +113,20 @@ class SeaweedFS(Server):
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def create_bucket(self, name: str) -> None:
+    def client(self) -> Any:
+        """A plain boto3 client with the server's keys, for seeding and checking buckets."""
         import boto3
 
-        client = boto3.client(
+        return boto3.client(
             "s3",
             endpoint_url=self.endpoint,
             aws_access_key_id=ACCESS_KEY,
             aws_secret_access_key=SECRET_KEY,
             region_name="us-east-1",
         )
-        client.create_bucket(Bucket=name)
+
+    def create_bucket(self, name: str) -> None:
+        self.client().create_bucket(Bucket=name)
 
 
 def seaweedfs(root: Path) -> SeaweedFS:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import servers
-from conftest import REPO, Agent, finish, wait_for
+from conftest import REPO, Agent, finish, run_entrypoint, wait_for
 
 from bt_agent.catalog import Catalog
 from bt_agent.settings import Environ
@@ -153,7 +153,7 @@ def test_sigterm_mid_training_commits_the_newest_checkpoint_and_a_new_job_resume
 
     # The next job starts through entrypoint.sh, as a container would, and resumes from it.
     spec = agent.spec(ddp_job(agent, step + 5, load=[latest()]), name="resume.json")
-    done = _entrypoint(
+    done = run_entrypoint(
         agent,
         {
             **env,
@@ -161,33 +161,13 @@ def test_sigterm_mid_training_commits_the_newest_checkpoint_and_a_new_job_resume
             "BT_TRAINING_JOB_ID": "stop002",
             "BT_TRAINING_PROJECT_NAME": "torch-ddp",
             "BT_STORE_URL": url,
+            "BT_NODE_ROOT": str(agent.root / "entry-node"),
         },
+        timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"resumed from checkpoint-{step} at step {step}" in done.stdout
     assert f"done at step {step + 5}" in done.stdout
-
-
-def _entrypoint(agent: Agent, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    wrapper = agent.root / "bt-agent"
-    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -m bt_agent "$@"\n')
-    wrapper.chmod(0o755)
-    base = {k: v for k, v in os.environ.items() if not k.startswith("BT_")}
-    full = {
-        **base,
-        "BT_AGENT_BIN": str(wrapper),
-        "HOME": str(agent.root),
-        "BT_NODE_ROOT": str(agent.root / "entry-node"),
-        **env,
-    }
-    return subprocess.run(
-        [str(REPO / "entrypoint.sh")],
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def _two_nodes(agent: Agent, job: dict[str, Any], job_id: str, tag: str) -> list[int]:

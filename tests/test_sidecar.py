@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
 import sys
 import time
 import urllib.request
@@ -20,7 +19,7 @@ from typing import Any
 
 import pytest
 import servers
-from conftest import BIN, Agent, finish, marked_processes, wait_for
+from conftest import BIN, Agent, finish, marked_processes, small_tmpfs, wait_for
 
 from bt_agent.catalog import Catalog, checkpoint_prefix
 from bt_agent.records import Manifest
@@ -315,17 +314,9 @@ def node_record_s3(store: ObjectStore, job_id: str) -> dict[str, Any]:
 
 @pytest.fixture
 def small_store(tmp_path: Path) -> Iterator[Path]:
-    """A file store on an 8 MiB tmpfs: records fit, a large checkpoint does not (CI runs as
-    root; elsewhere the test says why it cannot run)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
-    mount = tmp_path / "small-store"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], check=True)
-    try:
+    """A file store on an 8 MiB tmpfs: records fit, a large checkpoint does not."""
+    with small_tmpfs(tmp_path / "small-store", "8m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 BIG_CHECKPOINT = (

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import servers
-from conftest import Agent
+from conftest import Agent, small_tmpfs
 
 from bt_agent.errors import UnsafeKeyError
 from bt_agent.spec.models import WeightsSource
@@ -41,17 +41,9 @@ def test_patterns(
 
 
 def _seed_s3(server: servers.SeaweedFS, files: dict[str, bytes]) -> str:
-    import boto3
-
     bucket = f"w{uuid.uuid4().hex[:10]}"
     server.create_bucket(bucket)
-    client = boto3.client(
-        "s3",
-        endpoint_url=server.endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=servers.ACCESS_KEY,
-        aws_secret_access_key=servers.SECRET_KEY,
-    )
+    client = server.client()
     for key, data in files.items():
         client.put_object(Bucket=bucket, Key=f"data/{key}", Body=data)
     return f"s3://{bucket}/data"
@@ -260,19 +252,9 @@ def test_progress_lines_say_bytes_rate_and_eta() -> None:
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MiB tmpfs (CI runs as root here; elsewhere the test says why it cannot run)."""
-    import os
-    import subprocess
-
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
-    mount = tmp_path / "small-disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
-    try:
+    """A 2 MiB disk for the node cache."""
+    with small_tmpfs(tmp_path / "small-disk", "2m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_full_disk_is_deploy_failed_with_nothing_partial(

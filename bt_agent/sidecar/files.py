@@ -80,13 +80,12 @@ _KINDS = {
 
 
 class CheckpointDir:
-    def __init__(self, root: Path, ignore: frozenset[str] = frozenset()) -> None:
+    def __init__(self, root: Path) -> None:
         self.root = root
         self._real_root = os.path.realpath(root)
-        self.ignore = ignore  # relative paths never uploaded (the agent's own files)
 
     def relative(self, path: str) -> str | None:
-        """``path`` relative to the root, or None when outside it or ignored."""
+        """``path`` relative to the root, or None when outside it or work in progress."""
         try:
             relative = os.path.relpath(path, self.root)
         except ValueError:
@@ -94,7 +93,7 @@ class CheckpointDir:
         if relative == "." or relative.startswith(".." + os.sep) or relative == "..":
             return None
         relative = relative.replace(os.sep, "/")
-        return None if relative in self.ignore or transient(relative) else relative
+        return None if transient(relative) else relative
 
     def classify(self, relative: str) -> Candidate | Skipped | None:
         """What ``relative`` is now: a candidate, a skipped entry, or None (gone, or a

@@ -25,17 +25,9 @@ def _everything(agent: Agent, *texts: str) -> bytes:
 
 
 def _seed(server: servers.SeaweedFS) -> str:
-    import boto3
-
     bucket = f"sec{uuid.uuid4().hex[:10]}"
     server.create_bucket(bucket)
-    boto3.client(
-        "s3",
-        endpoint_url=server.endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=servers.ACCESS_KEY,
-        aws_secret_access_key=servers.SECRET_KEY,
-    ).put_object(Bucket=bucket, Key="w/config.json", Body=b"{}")
+    server.client().put_object(Bucket=bucket, Key="w/config.json", Body=b"{}")
     return f"s3://{bucket}/w"
 
 

@@ -27,17 +27,9 @@ def own_s3(tmp_path: Path) -> Iterator[servers.SeaweedFS]:
 
 
 def test_store_down_for_20_seconds_during_staging(agent: Agent, own_s3: servers.SeaweedFS) -> None:
-    import boto3
-
     bucket = f"out{uuid.uuid4().hex[:8]}"
     own_s3.create_bucket(bucket)
-    client = boto3.client(
-        "s3",
-        endpoint_url=own_s3.endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=servers.ACCESS_KEY,
-        aws_secret_access_key=servers.SECRET_KEY,
-    )
+    client = own_s3.client()
     files = {f"shard-{i}.bin": os.urandom(300_000) for i in range(4)}
     for name, data in files.items():
         client.put_object(Bucket=bucket, Key=f"model/{name}", Body=data)
