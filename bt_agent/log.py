@@ -51,3 +51,8 @@ def format_bytes(size: float) -> str:
         if size < 1000 or unit == "TB":
             break
     return f"{size:,.1f} {unit}"
+
+
+def counted(count: int, noun: str) -> str:
+    """``1 file``, ``3 files``."""
+    return f"{count} {noun}{'s' * (count != 1)}"

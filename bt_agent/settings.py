@@ -32,7 +32,7 @@ NODE_CACHE_MAX_BYTES_VARIABLE = "BT_NODE_CACHE_MAX_BYTES"
 CLUSTER_CACHE_DIR_VARIABLE = "BT_CLUSTER_CACHE_DIR"
 #: How long staging waits out an unreachable store (seconds, default 300).
 STORE_OUTAGE_VARIABLE = "BT_STORE_OUTAGE_SECONDS"
-#: The checkpoint sidecar's tunables (seconds, counts); see bt_agent.sidecar.settings.
+#: The checkpoint sidecar's tunables (seconds, counts); see bt_agent.sidecar.SidecarSettings.
 METRICS_PORT_VARIABLE = "BT_METRICS_PORT"
 CHECKPOINT_QUIET_VARIABLE = "BT_CHECKPOINT_QUIET_SECONDS"
 UPLOAD_WORKERS_VARIABLE = "BT_UPLOAD_WORKERS"
@@ -53,6 +53,14 @@ class Environ:
     def get(self, name: str) -> str | None:
         value = self.values.get(name)
         return value if value not in (None, "") else None
+
+    def number(self, name: str, default: float) -> float:
+        """A numeric setting; ``default`` when unset or not a number."""
+        value = self.get(name)
+        try:
+            return float(value) if value is not None else default
+        except ValueError:
+            return default
 
     def context_value(self, field: str) -> str | None:
         return self.get(CONTEXT_VARIABLES[field])

@@ -34,10 +34,10 @@ class MetricsServer:
     def port(self) -> int:
         return int(self._server.server_address[1])
 
-    def __enter__(self) -> MetricsServer:
+    def start(self) -> MetricsServer:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from bt_agent.catalog import Catalog, checkpoint_file_key
 from bt_agent.errors import BtAgentError
-from bt_agent.log import AgentLog, format_bytes
+from bt_agent.log import AgentLog, counted, format_bytes
 from bt_agent.records import Manifest, ManifestFile, now_iso
 from bt_agent.settings import (
     CHECKPOINT_QUIET_VARIABLE,
@@ -57,14 +57,6 @@ MIN_STEP = 0.02
 MiB = 1024 * 1024
 
 
-def _number(environ: Environ, name: str, default: float) -> float:
-    value = environ.get(name)
-    try:
-        return float(value) if value is not None else default
-    except ValueError:
-        return default
-
-
 @dataclass(frozen=True)
 class SidecarSettings:
     quiet_seconds: float = 0.5  # no change for this long: a file is ready, a checkpoint complete
@@ -79,9 +71,9 @@ class SidecarSettings:
     def from_environ(cls, environ: Environ) -> SidecarSettings:
         default = cls()
         return cls(
-            quiet_seconds=_number(environ, CHECKPOINT_QUIET_VARIABLE, default.quiet_seconds),
-            workers=max(1, int(_number(environ, UPLOAD_WORKERS_VARIABLE, default.workers))),
-            drain_seconds=_number(environ, DRAIN_TIMEOUT_VARIABLE, default.drain_seconds),
+            quiet_seconds=environ.number(CHECKPOINT_QUIET_VARIABLE, default.quiet_seconds),
+            workers=max(1, int(environ.number(UPLOAD_WORKERS_VARIABLE, default.workers))),
+            drain_seconds=environ.number(DRAIN_TIMEOUT_VARIABLE, default.drain_seconds),
             polling=environ.get(WATCH_POLLING_VARIABLE) in ("1", "true", "yes"),
         )
 
@@ -483,7 +475,7 @@ class Sidecar:
         rate = f" ({format_bytes(uploaded / seconds)}/s)" if uploaded >= 1_000_000 else ""
         count = len(manifest.files)
         self.log.info(
-            f"checkpoint {manifest.checkpoint} committed: {count} file{'s' * (count != 1)}, "
+            f"checkpoint {manifest.checkpoint} committed: {counted(count, 'file')}, "
             f"{format_bytes(manifest.size)}; uploaded {format_bytes(uploaded)} in "
             f"{seconds:.1f} s{rate}"
         )

@@ -20,7 +20,7 @@ from pathlib import Path
 from bt_agent.catalog import Catalog, checkpoint_prefix
 from bt_agent.context import NodeContext
 from bt_agent.errors import NotFoundError, StagingError, StoreError
-from bt_agent.log import AgentLog, format_bytes
+from bt_agent.log import AgentLog, counted, format_bytes
 from bt_agent.records import Manifest, latest_manifest, natural_key
 from bt_agent.spec.models import CheckpointReference, LatestCheckpoint, NamedCheckpoint
 from bt_agent.storage import ObjectInfo
@@ -149,7 +149,7 @@ class CheckpointLoader:
         except StoreError as exc:
             raise StagingError(f"checkpoints[{item.index}] {item.label}: {exc}") from exc
         m = item.manifest
-        files = f"{len(m.files)} file{'s' * (len(m.files) != 1)}"
+        files = counted(len(m.files), "file")
         self.log.info(f"checkpoints[{item.index}]: {files}, {format_bytes(m.size)} -> {target}")
 
 

@@ -139,8 +139,7 @@ class WeightsStager:
         self.secrets = secrets
         self.mount_path = mount_path
         self.stopping = stopping
-        outage = environ.get(STORE_OUTAGE_VARIABLE)
-        self.outage_seconds = float(outage) if outage else DEFAULT_OUTAGE_SECONDS
+        self.outage_seconds = environ.number(STORE_OUTAGE_VARIABLE, DEFAULT_OUTAGE_SECONDS)
         self._warned: set[int] = set()
 
     def stage(self, sources: list[WeightsSource]) -> list[SourcePlan]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bt_agent.catalog import Catalog
 from bt_agent.errors import StagingError
@@ -16,7 +16,8 @@ from bt_agent.records import UploadTotals
 from bt_agent.settings import METRICS_PORT_VARIABLE
 
 if TYPE_CHECKING:
-    from bt_agent.sidecar import Sidecar
+    from bt_agent.sidecar import Sidecar, SidecarSettings
+    from bt_agent.sidecar.metrics import MetricsServer
     from bt_agent.supervisor.job import JobPlan
 
 
@@ -29,8 +30,8 @@ class CheckpointUploads:
         self.log = log
         self.on_commit = on_commit
         self.sidecar: Sidecar | None = None
-        self._metrics: Any = None
-        self._settings: Any = None
+        self._metrics: MetricsServer | None = None
+        self._settings: SidecarSettings | None = None
 
     @property
     def enabled(self) -> bool:
@@ -76,11 +77,12 @@ class CheckpointUploads:
         from bt_agent.sidecar.metrics import MetricsServer
 
         try:
-            self._metrics = MetricsServer(int(port), sidecar.stats.prometheus).__enter__()
+            metrics = MetricsServer(int(port), sidecar.stats.prometheus).start()
         except (OSError, ValueError) as exc:
             self.log.warning(f"cannot serve metrics on port {port}: {exc}")
             return
-        self.log.info(f"checkpoint metrics on http://0.0.0.0:{self._metrics.port}/metrics")
+        self._metrics = metrics
+        self.log.info(f"checkpoint metrics on http://0.0.0.0:{metrics.port}/metrics")
 
     def default_deadline(self) -> float:
         seconds = self._settings.drain_seconds if self._settings is not None else 0.0
@@ -95,8 +97,8 @@ class CheckpointUploads:
         limit = deadline()  # fixed now, unless a stop signal brings it closer
         report = sidecar.drain(lambda: min(limit, deadline()))
         if self._metrics is not None:
-            with contextlib.suppress(Exception):
-                self._metrics.__exit__(None, None, None)
+            with contextlib.suppress(OSError):
+                self._metrics.close()
         totals = sidecar.stats.totals()
         if report.complete:
             self.log.info(
