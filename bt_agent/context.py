@@ -28,6 +28,10 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 
 
+#: The team of a project whose spec names none.
+DEFAULT_TEAM = "default"
+
+
 def new_job_id() -> str:
     """A fresh 7-character id, as the platform's (``gvpql31``)."""
     return "".join(random.choice(_ID_ALPHABET) for _ in range(7))
@@ -86,6 +90,7 @@ class NodeContext:
     grace_period: float
     retry_count: int = 0
     warnings: tuple[str, ...] = field(default=())
+    team: str = DEFAULT_TEAM  # the project's team_name; its caches are shared by the team
 
     @property
     def project_id(self) -> str:
@@ -165,6 +170,7 @@ def resolve(
     node_count: int,
     gpu_request: int,
     config_project: str | None,
+    config_team: str | None = None,
 ) -> NodeContext:
     """The node context for a job; raises :class:`UsageError` listing every bad input."""
     r = _Resolver(inputs, environ)
@@ -207,6 +213,7 @@ def resolve(
         grace_period=r.seconds("grace_period", DEFAULT_GRACE_SECONDS),
         retry_count=_retry_count(environ),
         warnings=_warnings(group_size, node_count, num_gpus, gpu_request),
+        team=config_team or DEFAULT_TEAM,
     )
     if r.problems:
         raise UsageError("invalid node context:\n" + "\n".join(f"  - {p}" for p in r.problems))

@@ -12,9 +12,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from bt_agent.context import NodeContext
+from bt_agent.context import NodeContext, project_id
 from bt_agent.secrets import MASK, Secrets
-from bt_agent.settings import CONFIG_PYTHON_VARIABLE, CONTEXT_VARIABLES, SPEC_VARIABLE
+from bt_agent.settings import (
+    CONFIG_PYTHON_VARIABLE,
+    CONTEXT_VARIABLES,
+    SPEC_VARIABLE,
+    TRAINING_CACHES_CONTAINER_DIR,
+)
 from bt_agent.spec.checks import SCRATCH_DIR, WORKING_DIR
 from bt_agent.spec.models import SecretReference, TrainingJob
 
@@ -54,21 +59,19 @@ class JobDirs:
     def for_job(cls, job: TrainingJob, context: NodeContext) -> JobDirs:
         host = context.layout.host
         cache = job.runtime.cache
-        base = cache.mount_base_path
+        rw_cache, team_base = _cache_bases(cache.mount_base_path, context)
         hf_home = None
         if cache.enabled:
             legacy = cache.enable_legacy_hf_mount
-            hf_home = host(
-                f"{base}/huggingface" if legacy else f"{base}/user_artifacts/huggingface"
-            )
+            hf_home = rw_cache / ("huggingface" if legacy else "user_artifacts/huggingface")
         return cls(
             working=host(WORKING_DIR),
             scratch=host(SCRATCH_DIR),
             checkpoints=host(job.runtime.checkpoint_dir),
             loaded_checkpoints=host(job.runtime.load_dir),
-            rw_cache=host(base),
-            project_cache=host(f"{base}/user_artifacts"),
-            team_cache=host(f"{base}/team_artifacts"),
+            rw_cache=rw_cache,
+            project_cache=rw_cache / "user_artifacts",
+            team_cache=team_base / "team_artifacts",
             hf_home=hf_home,
         )
 
@@ -83,6 +86,22 @@ class JobDirs:
             self.team_cache,
         ]
         return paths + ([self.hf_home] if self.hf_home is not None else [])
+
+
+def _cache_bases(base: str, context: NodeContext) -> tuple[Path, Path]:
+    """The host paths of the training cache's base for the project, and for its team.
+
+    In a container both are ``base`` itself: the platform mounts the project's and the team's
+    volumes there. Under a node root the agent keeps them apart as the platform would: each
+    project's cache under ``/var/cache/bt-agent/projects/<project_id>``, each team's under
+    ``/var/cache/bt-agent/teams/<team_id>``, so one project never sees another's files.
+    """
+    layout = context.layout
+    if layout.node_root is None:
+        return layout.host(base), layout.host(base)
+    project = layout.host(f"{TRAINING_CACHES_CONTAINER_DIR}/projects/{context.project_id}/{base}")
+    team = layout.host(f"{TRAINING_CACHES_CONTAINER_DIR}/teams/{project_id(context.team)}/{base}")
+    return project, team
 
 
 @dataclass(frozen=True)

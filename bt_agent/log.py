@@ -53,6 +53,6 @@ def format_bytes(size: float) -> str:
     return f"{size:,.1f} {unit}"
 
 
-def counted(count: int, noun: str) -> str:
-    """``1 file``, ``3 files``."""
-    return f"{count} {noun}{'s' * (count != 1)}"
+def counted(count: int, noun: str, plural: str = "s") -> str:
+    """``1 file``, ``3 files``; ``counted(2, "process", "es")`` is ``2 processes``."""
+    return f"{count} {noun}{plural * (count != 1)}"

@@ -24,14 +24,21 @@ CONTEXT_VARIABLES = {
     "secrets_dir": "BT_SECRETS_DIR",
     "grace_period": "BT_GRACE_PERIOD_SECONDS",
 }
+#: The agent's own directories (container paths): its journal, its node cache. No path of a
+#: job may be one of them, inside one or hold one.
+AGENT_STATE_DIR = "/var/lib/bt-agent"
+NODE_CACHE_CONTAINER_DIR = "/var/cache/bt-agent/node"
+#: Under a node root: each project's and each team's training cache (BT_PROJECT_CACHE_DIR...).
+TRAINING_CACHES_CONTAINER_DIR = "/var/cache/bt-agent"
 SPEC_VARIABLE = "BT_JOB_SPEC"
 CONFIG_PYTHON_VARIABLE = "BT_CONFIG_PYTHON"
 RETRY_COUNT_VARIABLE = "BT_RETRY_COUNT"
 NODE_CACHE_DIR_VARIABLE = "BT_NODE_CACHE_DIR"
 NODE_CACHE_MAX_BYTES_VARIABLE = "BT_NODE_CACHE_MAX_BYTES"
 CLUSTER_CACHE_DIR_VARIABLE = "BT_CLUSTER_CACHE_DIR"
-#: How long staging waits out an unreachable store (seconds, default 300).
+#: How long staging waits out an unreachable store (seconds).
 STORE_OUTAGE_VARIABLE = "BT_STORE_OUTAGE_SECONDS"
+DEFAULT_OUTAGE_SECONDS = 300.0
 #: The checkpoint sidecar's tunables (seconds, counts); see bt_agent.sidecar.SidecarSettings.
 METRICS_PORT_VARIABLE = "BT_METRICS_PORT"
 CHECKPOINT_QUIET_VARIABLE = "BT_CHECKPOINT_QUIET_SECONDS"

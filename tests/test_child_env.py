@@ -8,6 +8,8 @@ from typing import Any
 
 from conftest import Agent, job_with
 
+from bt_agent.context import project_id
+
 BT_VARIABLES = [
     "BT_TRAINING_JOB_ID",
     "BT_TRAINING_PROJECT_ID",
@@ -94,11 +96,50 @@ def test_cpu_node_runs_one_process(agent: Agent) -> None:
 
 
 def test_hf_home_with_the_cache(agent: Agent) -> None:
-    env = _child_env(agent, cache_config={"enabled": True})
-    assert env["HF_HOME"] == str(agent.node_root / "root/.cache/user_artifacts/huggingface")
+    env = _child_env(agent, "--project", "p", cache_config={"enabled": True})
+    project = agent.node_root / f"var/cache/bt-agent/projects/{project_id('p')}/root/.cache"
+    assert env["BT_RW_CACHE_DIR"] == str(project)
+    assert env["HF_HOME"] == str(project / "user_artifacts/huggingface")
     assert Path(env["HF_HOME"]).is_dir()
-    legacy = _child_env(agent, enable_cache=True)
-    assert legacy["HF_HOME"] == str(agent.node_root / "root/.cache/huggingface")
+    legacy = _child_env(agent, "--project", "p", enable_cache=True)
+    assert legacy["HF_HOME"] == str(project / "huggingface")
+
+
+def _cache_dirs(agent: Agent, spec: dict[str, Any], project: str) -> tuple[Path, Path]:
+    out = agent.root / "env.json"
+    spec["training_job"]["runtime"]["start_commands"] = [DUMP.format(out=out)]
+    result = agent(
+        "run", str(agent.spec(spec, wire=False)), "--project", project, *agent.context_args()
+    )
+    assert result.code == 0, result.text
+    env = json.loads(out.read_text())
+    return Path(env["BT_PROJECT_CACHE_DIR"]), Path(env["BT_TEAM_CACHE_DIR"])
+
+
+def test_each_project_and_each_team_has_its_own_cache_on_one_node_root(agent: Agent) -> None:
+    """Under a node root the agent keeps caches apart as the platform's volumes do: what one
+    project writes to its cache another project does not see; a team's cache is shared by
+    the team's projects only."""
+
+    def spec(team: str | None) -> dict[str, Any]:
+        job = job_with(start_commands=["true"], cache_config={"enabled": True})
+        return {"training_job": job, "training_project": {"name": "x", "team_name": team}}
+
+    a_project, a_team = _cache_dirs(agent, spec("red"), "alpha")
+    (a_project / "tokenizer.json").write_text("alpha's")
+    (a_team / "shared.bin").write_text("red team's")
+    b_project, b_team = _cache_dirs(agent, spec("red"), "beta")
+    c_project, c_team = _cache_dirs(agent, spec(None), "gamma")
+    again, _ = _cache_dirs(agent, spec("red"), "alpha")
+    assert len({a_project, b_project, c_project}) == 3
+    assert (
+        not (b_project / "tokenizer.json").exists() and not (c_project / "tokenizer.json").exists()
+    )
+    assert (again / "tokenizer.json").read_text() == "alpha's", "a project keeps its cache"
+    assert b_team == a_team and (b_team / "shared.bin").read_text() == "red team's"
+    assert c_team != a_team and not (c_team / "shared.bin").exists()
+    for path in (a_project, b_project, c_project, a_team, c_team):
+        assert path.is_relative_to(agent.node_root)
 
 
 def test_no_hf_home_without_the_cache(agent: Agent) -> None:

@@ -35,7 +35,12 @@ def _plan(args: argparse.Namespace, environ: Environ, check_secrets: bool = True
     inputs = ContextInputs(**{f.name: getattr(args, f.name) for f in fields(ContextInputs)})
     job = spec.job
     context = resolve(
-        inputs, environ, job.compute.node_count, job.compute.gpu_count, spec.project_name
+        inputs,
+        environ,
+        job.compute.node_count,
+        job.compute.gpu_count,
+        spec.project_name,
+        spec.team_name,
     )
     secrets, problems = (
         resolve_secrets(job, context.secrets_dir) if check_secrets else (Secrets(), [])

@@ -13,10 +13,11 @@ import threading
 import time
 from pathlib import Path
 
+from bt_agent.settings import AGENT_STATE_DIR
 from bt_agent.sidecar.files import FileSig
 
 #: The journal, as a container path (mapped under the node root on local runs).
-JOURNAL_CONTAINER_PATH = "/var/lib/bt-agent/sidecar-journal.sqlite"
+JOURNAL_CONTAINER_PATH = f"{AGENT_STATE_DIR}/sidecar-journal.sqlite"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (

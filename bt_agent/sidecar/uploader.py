@@ -190,6 +190,9 @@ class Sidecar:
             f"checkpoints: watching {self.dir.root} ({self.watcher.method}); "
             f"uploading to {self.catalog.store.url}"
         )
+        # The first step here, before the commands start: what is already in the dir is sorted
+        # out (and said) in the same order on every run.
+        self._step(now)
         for index in range(self.settings.workers):
             self._spawn(self._worker, f"bt-upload-{index}")
         self._spawn(self._loop, "bt-sidecar")

@@ -12,6 +12,7 @@ import posixpath
 from dataclasses import dataclass
 
 from bt_agent.errors import Problem
+from bt_agent.settings import AGENT_STATE_DIR, NODE_CACHE_CONTAINER_DIR
 from bt_agent.spec.models import (
     LoopsCheckpoint,
     NamedCheckpoint,
@@ -21,6 +22,7 @@ from bt_agent.spec.models import (
 SCRATCH_DIR = "/mnt/bt-scratch"
 WORKING_DIR = "/b10/workspace"
 RESERVED_ROOTS = ("/proc", "/sys", "/dev", "/etc", "/bin", "/sbin", "/usr", "/lib", "/lib64")
+AGENT_DIRS = (AGENT_STATE_DIR, posixpath.dirname(NODE_CACHE_CONTAINER_DIR))
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,27 @@ def _bad_characters(job: TrainingJob) -> list[Problem]:
     ]
 
 
+def _forbidden(path: str) -> str | None:
+    """Why a job's directory may not be at ``path`` (normalised, absolute), if it may not."""
+    if path == "/" or any(_inside(path, root) for root in RESERVED_ROOTS):
+        return f"{path!r} is a system directory"
+    for own in AGENT_DIRS:
+        if _inside(path, own) or _inside(own, path):
+            return f"{path!r} overlaps the agent's own directory {own!r}"
+    return None
+
+
+def _forbidden_dirs(dirs: list[_Dir]) -> list[Problem]:
+    problems = []
+    for d in dirs:
+        reason = _forbidden(d.path) if d.field else None
+        if reason:
+            problems.append(
+                Problem(d.field, reason, f"choose a directory of its own for {d.label}")
+            )
+    return problems
+
+
 def _overlapping_managed_dirs(dirs: list[_Dir]) -> list[Problem]:
     problems = []
     for i, first in enumerate(dirs):
@@ -112,12 +135,11 @@ def _mount_problems(job: TrainingJob, dirs: list[_Dir]) -> list[Problem]:
         mount = _normal(weights.mount_location)
         if not mount.startswith("/"):
             continue  # already reported by the SDK rule
-        if mount == "/" or any(_inside(mount, root) for root in RESERVED_ROOTS):
+        reason = _forbidden(mount)
+        if reason:
             problems.append(
                 Problem(
-                    field,
-                    f"{mount!r} is a system directory",
-                    "mount weights under a directory of their own, e.g. /app/models",
+                    field, reason, "mount weights under a directory of their own, e.g. /app/models"
                 )
             )
             continue
@@ -213,6 +235,7 @@ def semantic_problems(job: TrainingJob) -> list[Problem]:
         *_compute_problems(job),
         *_absolute_dirs(dirs),
         *_bad_characters(job),
+        *_forbidden_dirs(absolute),
         *_overlapping_managed_dirs(absolute),
         *_mount_problems(job, absolute),
         *_reference_problems(job),

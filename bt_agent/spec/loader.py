@@ -31,6 +31,7 @@ class LoadedSpec:
     wire: dict[str, Any]  # the TrainingJob object as given (secret references only)
     origin: str  # a path, or "<stdin>"
     project_name: str | None = None  # from a config.py's TrainingProject, or the wire JSON
+    team_name: str | None = None  # the same project's team_name
     code_dir: Path | None = None  # the directory holding the spec file: the user's code
 
 
@@ -52,7 +53,8 @@ def load(source: str, stdin: TextIO | None = None, config_python: str | None = N
         )
     if path.suffix == ".py":
         payload = _run_config(path, config_python or sys.executable)
-        return _validated(payload["training_job"], str(path), payload.get("project"), path.parent)
+        project = _Project(payload.get("project"), payload.get("team"))
+        return _validated(payload["training_job"], str(path), project, path.parent)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -78,10 +80,16 @@ def _from_json_text(text: str, origin: str, code_dir: Path | None) -> LoadedSpec
     return _validated(job, origin, project, code_dir)
 
 
-def _unwrap(data: Any, origin: str) -> tuple[Any, str | None]:
-    """The TrainingJob object and the project name, from either JSON form."""
+@dataclass(frozen=True)
+class _Project:
+    name: str | None = None
+    team: str | None = None
+
+
+def _unwrap(data: Any, origin: str) -> tuple[Any, _Project]:
+    """The TrainingJob object and its project, from either JSON form."""
     if not isinstance(data, dict) or "training_job" not in data:
-        return data, None
+        return data, _Project()
     problems = [
         Problem(key, "unknown top-level field", "keep only training_job and training_project")
         for key in data
@@ -89,6 +97,7 @@ def _unwrap(data: Any, origin: str) -> tuple[Any, str | None]:
     ]
     project = data.get("training_project")
     name = project.get("name") if isinstance(project, dict) else None
+    team = project.get("team_name") if isinstance(project, dict) else None
     if project is not None and not isinstance(name, str):
         problems.append(
             Problem(
@@ -97,19 +106,34 @@ def _unwrap(data: Any, origin: str) -> tuple[Any, str | None]:
                 'write {"name": "<project>"}',
             )
         )
+    if team is not None and not isinstance(team, str):
+        problems.append(
+            Problem(
+                "training_project.team_name",
+                f"expected a string or null, got {describe(team)}",
+                'write {"name": "<project>", "team_name": "<team>"}',
+            )
+        )
     if problems:
         raise SpecError(problems, origin)
-    return data["training_job"], name
+    return data["training_job"], _Project(name, team)
 
 
-def _validated(raw: Any, origin: str, project: str | None, code_dir: Path | None) -> LoadedSpec:
+def _validated(raw: Any, origin: str, project: _Project, code_dir: Path | None) -> LoadedSpec:
     problems: list[Problem] = []
     job = TRAINING_JOB(raw, "", problems)
     if job is not INVALID:
         problems.extend(semantic_problems(job))
     if problems:
         raise SpecError(problems, origin)
-    return LoadedSpec(job=job, wire=raw, origin=origin, project_name=project, code_dir=code_dir)
+    return LoadedSpec(
+        job=job,
+        wire=raw,
+        origin=origin,
+        project_name=project.name,
+        team_name=project.team,
+        code_dir=code_dir,
+    )
 
 
 def _run_config(path: Path, python: str) -> dict[str, Any]:

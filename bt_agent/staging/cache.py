@@ -18,8 +18,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from bt_agent.settings import NODE_CACHE_CONTAINER_DIR
+
 #: The node cache, as a container path (mapped under the node root on local runs).
-NODE_CACHE_CONTAINER_DIR = "/var/cache/bt-agent/node"
 
 
 def copy_atomic(source: Path, target: Path) -> None:

@@ -11,6 +11,7 @@ nodes, else rank 0, and says which.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from collections.abc import Callable
@@ -19,11 +20,13 @@ from pathlib import Path
 
 from bt_agent.catalog import Catalog, checkpoint_prefix
 from bt_agent.context import NodeContext
-from bt_agent.errors import NotFoundError, StagingError, StoreError
+from bt_agent.errors import NotFoundError, StagingError, StoreError, TransientStoreError
 from bt_agent.log import AgentLog, counted, format_bytes
 from bt_agent.records import Manifest, latest_manifest, natural_key
+from bt_agent.settings import DEFAULT_OUTAGE_SECONDS
 from bt_agent.spec.models import CheckpointReference, LatestCheckpoint, NamedCheckpoint
 from bt_agent.storage import ObjectInfo
+from bt_agent.storage.retry import OutageWait
 
 
 @dataclass(frozen=True)
@@ -45,38 +48,46 @@ class CheckpointLoader:
         load_dir: Path,
         log: AgentLog,
         stopping: Callable[[], bool] = lambda: False,
+        outage_seconds: float = DEFAULT_OUTAGE_SECONDS,
     ) -> None:
         self.catalog = catalog
         self.context = context
         self.load_dir = load_dir
         self.log = log
         self.stopping = stopping
+        self.outage = OutageWait(outage_seconds, stopping, self._unreachable)
 
     def load(self, references: list[CheckpointReference]) -> list[Resolved]:
+        """Resolve every reference, then download each; an unreachable store is waited out."""
         resolved = [self.resolve(i, ref) for i, ref in enumerate(references)]
         self._refuse_collisions(resolved)
         for item in resolved:
             self._download(item)
         return resolved
 
+    def _unreachable(self, label: str, exc: TransientStoreError, left: float) -> None:
+        self.log.warning(
+            f"{label}: the store is unreachable ({exc}); retrying for up to {left:.0f} s"
+        )
+
     # --- resolution ------------------------------------------------------------------------
 
     def resolve(self, index: int, ref: CheckpointReference) -> Resolved:
         where = f"runtime.load_checkpoint_config.checkpoints[{index}]"
         try:
-            if isinstance(ref, NamedCheckpoint):
-                manifest = self._named(ref)
-            elif isinstance(ref, LatestCheckpoint):
-                manifest = self._latest(ref)
-            else:
-                raise StagingError(f"{ref.typ} references cannot be loaded by bt-agent")
-        except StagingError as exc:
-            raise StagingError(f"{where}: {exc}") from exc
-        except StoreError as exc:
+            manifest = self.outage.call(f"checkpoints[{index}]", lambda: self._find(ref))
+        except (StagingError, StoreError) as exc:
             raise StagingError(f"{where}: {exc}") from exc
         item = Resolved(index, manifest)
         self.log.info(f"checkpoints[{index}]: loading {item.label}")
         return item
+
+    def _find(self, ref: CheckpointReference) -> Manifest:
+        if isinstance(ref, NamedCheckpoint):
+            return self._named(ref)
+        if isinstance(ref, LatestCheckpoint):
+            return self._latest(ref)
+        raise StagingError(f"{ref.typ} references cannot be loaded by bt-agent")
 
     def _project_of(self, job_id: str, project: str | None) -> str:
         try:
@@ -145,7 +156,13 @@ class CheckpointLoader:
     def _download(self, item: Resolved) -> None:
         target = self.load_dir / f"rank-{self.context.node_rank}" / item.manifest.checkpoint
         try:
-            download_checkpoint(self.catalog, item.manifest, target, self.stopping)
+            download_checkpoint(
+                self.catalog,
+                item.manifest,
+                target,
+                self.stopping,
+                lambda call: self.outage.call(f"checkpoints[{item.index}]", call),
+            )
         except StoreError as exc:
             raise StagingError(f"checkpoints[{item.index}] {item.label}: {exc}") from exc
         m = item.manifest
@@ -154,10 +171,15 @@ class CheckpointLoader:
 
 
 def download_checkpoint(
-    catalog: Catalog, manifest: Manifest, target: Path, stopping: Callable[[], bool] = lambda: False
+    catalog: Catalog,
+    manifest: Manifest,
+    target: Path,
+    stopping: Callable[[], bool] = lambda: False,
+    attempt: Callable[[Callable[[], object]], object] = lambda call: call(),
 ) -> None:
     """Every file of a committed checkpoint into ``target``, each verified against the
-    manifest's size and sha256; the directory appears, complete, only at the end."""
+    manifest's size and sha256; the directory appears, complete, only at the end. Each file's
+    download is made through ``attempt`` (which may retry it)."""
     partial = target.with_name(f".{target.name}.loading-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     m = manifest
@@ -168,7 +190,8 @@ def download_checkpoint(
                 raise InterruptedError("stop requested")
             key = f"{prefix}/{entry.path}"
             expected = ObjectInfo(key, entry.size, None, entry.sha256)
-            catalog.store.download(key, partial.joinpath(*entry.path.split("/")), expected)
+            path = partial.joinpath(*entry.path.split("/"))
+            attempt(functools.partial(catalog.store.download, key, path, expected))
         if target.exists():
             shutil.rmtree(target)
         partial.mkdir(parents=True, exist_ok=True)  # a checkpoint may hold no file

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from bt_agent.context import NodeContext
 from bt_agent.errors import StagingError, StoreError, TransientStoreError, UsageError
@@ -26,6 +25,7 @@ from bt_agent.log import AgentLog
 from bt_agent.secrets import Secrets
 from bt_agent.settings import (
     CLUSTER_CACHE_DIR_VARIABLE,
+    DEFAULT_OUTAGE_SECONDS,
     NODE_CACHE_DIR_VARIABLE,
     NODE_CACHE_MAX_BYTES_VARIABLE,
     STORE_OUTAGE_VARIABLE,
@@ -38,12 +38,9 @@ from bt_agent.staging.progress import Progress
 from bt_agent.storage import ObjectInfo, ObjectStore, open_store
 from bt_agent.storage.hf import HFStore
 from bt_agent.storage.keys import check_key
-from bt_agent.storage.retry import retry_for
+from bt_agent.storage.retry import OutageWait
 
-T = TypeVar("T")
 FETCH_WORKERS = 8
-#: How long an unreachable source is waited out before staging fails (BT_STORE_OUTAGE_SECONDS).
-DEFAULT_OUTAGE_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
@@ -139,8 +136,8 @@ class WeightsStager:
         self.secrets = secrets
         self.mount_path = mount_path
         self.stopping = stopping
-        self.outage_seconds = environ.number(STORE_OUTAGE_VARIABLE, DEFAULT_OUTAGE_SECONDS)
-        self._warned: set[int] = set()
+        outage_seconds = environ.number(STORE_OUTAGE_VARIABLE, DEFAULT_OUTAGE_SECONDS)
+        self.outage = OutageWait(outage_seconds, stopping, self._unreachable)
 
     def stage(self, sources: list[WeightsSource]) -> list[SourcePlan]:
         plans = [self._plan(i, w) for i, w in enumerate(sources)]
@@ -160,7 +157,9 @@ class WeightsStager:
         try:
             store = open_store(weights.source, self.environ, secret, weights.secret_name or "")
             mount = self.mount_path(weights.mount_location)
-            plan = self._patiently(index, lambda: plan_source(index, weights, store, mount))
+            plan = self.outage.call(
+                f"weights[{index}]", lambda: plan_source(index, weights, store, mount)
+            )
         except (StoreError, UsageError) as exc:
             raise self._fail(index, weights, exc) from exc
         if not plan.files:
@@ -229,24 +228,16 @@ class WeightsStager:
             with self._count_lock:
                 self.cluster_hits += 1
             return
-        self._patiently(plan.index, lambda: plan.store.download(item.info.key, path, item.info))
+        self.outage.call(
+            f"weights[{plan.index}]", lambda: plan.store.download(item.info.key, path, item.info)
+        )
         if cluster is not None:
             cluster.ensure(item.entry, lambda shared: copy_atomic(path, shared))
 
-    def _patiently(self, index: int, call: Callable[[], T]) -> T:
-        """``call()``, waiting out an unreachable source for up to ``outage_seconds``."""
-
-        def failed(exc: TransientStoreError, left: float) -> None:
-            with self._count_lock:
-                if index in self._warned:
-                    return
-                self._warned.add(index)
-            self.log.warning(
-                f"weights[{index}]: the source is unreachable ({exc}); "
-                f"retrying for up to {left:.0f} s"
-            )
-
-        return retry_for(call, self.outage_seconds, self.stopping, failed)
+    def _unreachable(self, label: str, exc: TransientStoreError, left: float) -> None:
+        self.log.warning(
+            f"{label}: the source is unreachable ({exc}); retrying for up to {left:.0f} s"
+        )
 
     def _mount(self, plan: SourcePlan) -> None:
         mount = plan.mount

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,3 +76,30 @@ def retry_for(
             wake = min(give_up, now + 1.0 + random.random() * min(10.0, 2.0**attempt))
             while clock() < wake and not stopping():  # a stop request is heard within 0.1 s
                 sleep(0.1)
+
+
+class OutageWait:
+    """Calls that wait out an unreachable store (:func:`retry_for`), saying so once per
+    ``label`` through ``warn(label, error, seconds_left)``; safe to share between threads."""
+
+    def __init__(
+        self,
+        seconds: float,
+        stopping: Callable[[], bool],
+        warn: Callable[[str, TransientStoreError, float], None],
+    ) -> None:
+        self.seconds = seconds
+        self.stopping = stopping
+        self._warn = warn
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+
+    def call(self, label: str, call: Callable[[], T]) -> T:
+        def failed(exc: TransientStoreError, left: float) -> None:
+            with self._lock:
+                if label in self._warned:
+                    return
+                self._warned.add(label)
+            self._warn(label, exc, left)
+
+        return retry_for(call, self.seconds, self.stopping, failed)

@@ -148,7 +148,15 @@ class S3Store(ObjectStore):
             aws_session_token=keys.session_token if keys else None,
             region_name=self.region,
         )
-        return session.client("s3", endpoint_url=self.endpoint_url, config=config)
+        client = session.client("s3", endpoint_url=self.endpoint_url, config=config)
+        # No "Expect: 100-continue": botocore asks for it on every body it can read (ours are
+        # bytes it wraps), which costs a round trip per PUT, up to a second where a server never
+        # answers it, and, seen with SeaweedFS, a response read as headerless that then hangs
+        # the request until the read timeout.
+        from botocore.handlers import add_expect_header
+
+        client.meta.events.unregister("before-call.s3", add_expect_header)
+        return client
 
     def _error(self, exc: Exception, key: str) -> Exception:
         from botocore import exceptions as bx

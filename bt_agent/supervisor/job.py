@@ -8,7 +8,9 @@ happens, with the precise reason for the end; the exit code follows DESIGN.md §
 
 from __future__ import annotations
 
+import copy
 import os
+import re
 import shutil
 import signal
 import socket
@@ -16,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TextIO
@@ -23,18 +26,19 @@ from typing import IO, Any, TextIO
 from bt_agent.catalog import Catalog
 from bt_agent.context import NodeContext
 from bt_agent.env import ChildEnvironment, JobDirs
-from bt_agent.errors import BtAgentError, DurabilityError, StagingError
-from bt_agent.log import AgentLog
+from bt_agent.errors import DurabilityError, StagingError, TransientStoreError
+from bt_agent.log import AgentLog, counted
 from bt_agent.records import CommandResult, JobRecord, JobStatus, NodeRecord, now_iso
 from bt_agent.secrets import Secrets
-from bt_agent.settings import Environ
+from bt_agent.settings import DEFAULT_OUTAGE_SECONDS, STORE_OUTAGE_VARIABLE, Environ
 from bt_agent.spec.loader import LoadedSpec
+from bt_agent.storage.retry import retry_for
 from bt_agent.supervisor import tree
 from bt_agent.supervisor.checkpoints import CheckpointUploads
-from bt_agent.supervisor.logship import LogShipper
 from bt_agent.supervisor.output import OutputPump
 from bt_agent.supervisor.process import Child, describe_exit, exit_status, signal_name
 from bt_agent.supervisor.reaper import Reaper, become_subreaper
+from bt_agent.supervisor.reporter import StoreReporter
 from bt_agent.supervisor.signals import STOPPING, SignalRelay
 
 #: Seconds kept from the grace period for the shutdown steps after the commands are gone.
@@ -43,6 +47,9 @@ SHUTDOWN_RESERVE_SECONDS = 2.0
 CLEANUP_SECONDS = 2.0
 #: Seconds kept from the grace period after the upload drain, to write the records and the log.
 RECORDS_RESERVE_SECONDS = 1.0
+#: The last records are written until this long before the grace period ends.
+RECORDS_MARGIN_SECONDS = 0.3
+_RANK_DIR = re.compile(r"rank-\d+")
 MAX_CODE_FILES = 10_000
 #: Never copied from the code directory into the working directory.
 CODE_IGNORE = (".git", "__pycache__", ".venv", "node_modules", ".mypy_cache", ".pytest_cache")
@@ -105,6 +112,8 @@ class JobRunner:
         self._pumps: list[OutputPump] = []
         self._checkpoints = CheckpointUploads(plan, catalog, self.log, self._write_node)
         self._record_lock = threading.Lock()
+        self._reporter: StoreReporter | None = None
+        self._outage_seconds = plan.environ.number(STORE_OUTAGE_VARIABLE, DEFAULT_OUTAGE_SECONDS)
 
     # --- the phases ------------------------------------------------------------------------
 
@@ -115,7 +124,9 @@ class JobRunner:
         with (
             tempfile.NamedTemporaryFile("w+", prefix="bt-agent-", suffix=".log") as log_file,
             self.relay,
-            LogShipper(Path(log_file.name), self._upload_log) as shipper,
+            StoreReporter(
+                self.catalog.write_node, Path(log_file.name), self._upload_log, self.log
+            ) as self._reporter,
         ):
             self.log.copy = log_file
             self.relay.forward = self._forward
@@ -125,7 +136,7 @@ class JobRunner:
             if self.relay.stopping and outcome.status is JobStatus.COMPLETED:
                 outcome = self._stopped_outcome()  # the stop came while the uploads drained
             outcome = self._with_uploads(outcome, unsaved)
-            self._finish(outcome, shipper)
+            self._finish(outcome, self._reporter)
         return outcome.exit_code
 
     def _phases(self, log_file: IO[str]) -> Outcome:
@@ -138,7 +149,15 @@ class JobRunner:
             job.compute.node_count,
             {"training_job": self.plan.spec.wire},
         )
-        self.catalog.create_job(record)
+        try:
+            retry_for(
+                lambda: self.catalog.create_job(record),
+                self._outage_seconds,
+                lambda: self.relay.stopping,
+                self._store_unreachable,
+            )
+        except InterruptedError:
+            return self._stopped_outcome()
         self._enter(JobStatus.CREATED)
         self.log.info(
             f"job {ctx.job_id} (project {ctx.project}), node {ctx.node_rank} of "
@@ -163,12 +182,18 @@ class JobRunner:
         self._write_node()
 
     def _write_node(self) -> None:
-        """Write the node record (from the main thread, and from the sidecar on each commit)."""
+        """Have the node record written (from the main thread, and from the sidecar on each
+        commit); the store's being unreachable delays the write, never the job."""
         with self._record_lock:
             self.node.uploads = self._checkpoints.totals()
-            self.catalog.write_node(self.node)
+            snapshot = copy.deepcopy(self.node)
+        if self._reporter is not None:
+            self._reporter.publish(snapshot)
 
-    def _finish(self, outcome: Outcome, shipper: LogShipper) -> None:
+    def _store_unreachable(self, exc: TransientStoreError, left: float) -> None:
+        self.log.warning(f"the store is unreachable ({exc}); retrying for up to {left:.0f} s")
+
+    def _finish(self, outcome: Outcome, reporter: StoreReporter) -> None:
         """Record the end. The log is complete in the store before the terminal status is, so
         whoever sees the status (``jobs logs --follow``) can read the whole log."""
         self.node.exit_code = outcome.exit_code
@@ -178,8 +203,12 @@ class JobRunner:
             f"job {self.plan.context.job_id} {outcome.status.short} (exit {outcome.exit_code})"
         )
         self.log.info(summary + (f": {outcome.reason}" if outcome.reason else ""))
-        shipper.ship()
         self._enter(outcome.status)
+        if not reporter.flush(self._records_deadline()):
+            self.log.error(
+                f"the store stayed unreachable: the node record ({outcome.status.short}) and "
+                "log could not be saved; the exit code is the job's"
+            )
 
     # --- DEPLOYING -------------------------------------------------------------------------
 
@@ -200,7 +229,8 @@ class JobRunner:
     def _load_checkpoints(self) -> None:
         # What an earlier job on this node root loaded must not pass for this job's checkpoints
         # (in a container the load dir starts empty; on a reused --node-root it would not).
-        if _empty(self.plan.dirs.loaded_checkpoints):
+        # Only what the loader makes goes: the dir may be one the image also uses.
+        if _empty(self.plan.dirs.loaded_checkpoints, _is_rank_dir):
             self.log.info("removed what an earlier job had loaded into $BT_LOAD_CHECKPOINT_DIR")
         references = self.plan.spec.job.runtime.checkpoints_to_load
         if not references:
@@ -213,6 +243,7 @@ class JobRunner:
             self.plan.dirs.loaded_checkpoints,
             self.log,
             lambda: self.relay.stopping,
+            self.plan.environ.number(STORE_OUTAGE_VARIABLE, DEFAULT_OUTAGE_SECONDS),
         )
         try:
             loader.load(references)
@@ -347,6 +378,14 @@ class JobRunner:
             return self.relay.stop_time + max(grace - RECORDS_RESERVE_SECONDS, 0.5)
         return self._checkpoints.default_deadline()
 
+    def _records_deadline(self) -> float:
+        """Until when the last record and log may be written: the end of the grace period
+        after a stop signal, else as long as an outage of the store is waited out."""
+        if self.relay.stop_time is not None:
+            grace = self.plan.context.grace_period
+            return max(self.relay.stop_time + grace - RECORDS_MARGIN_SECONDS, time.monotonic())
+        return time.monotonic() + self._outage_seconds
+
     def _kill_everything(self) -> None:
         self.killed_after_grace = True
         self.log.warning(
@@ -388,9 +427,11 @@ class JobRunner:
             budget = min(CLEANUP_SECONDS, max(left, 0.1))
         else:
             budget = CLEANUP_SECONDS
-        killed = tree.terminate_descendants(budget, self.reaper.reap)
-        if killed:
-            self.log.warning(f"killed {len(killed)} leftover process(es) with SIGKILL")
+        ended = tree.terminate_descendants(budget, self.reaper.reap)
+        if ended.killed:
+            self.log.warning(f"killed {len(ended.killed)} leftover process(es) with SIGKILL")
+        elif ended.terminated:
+            self.log.info(f"ended {counted(ended.terminated, 'leftover process', 'es')}")
         self.reaper.reap()
         for pump in self._pumps:
             pump.join(1.0)
@@ -400,18 +441,22 @@ class JobRunner:
 
     def _upload_log(self, path: Path) -> None:
         ctx = self.plan.context
-        try:
-            self.catalog.upload_log(ctx.project, ctx.job_id, ctx.node_rank, path)
-        except BtAgentError as exc:
-            self.log.error(f"could not save the node log: {exc}")
+        self.catalog.upload_log(ctx.project, ctx.job_id, ctx.node_rank, path)
 
 
-def _empty(directory: Path) -> bool:
-    """Remove everything inside ``directory`` (kept itself); True if there was anything."""
+def _is_rank_dir(name: str) -> bool:
+    return _RANK_DIR.fullmatch(name) is not None
+
+
+def _empty(directory: Path, only: Callable[[str], bool] = lambda name: True) -> bool:
+    """Remove everything inside ``directory`` (kept itself) whose name passes ``only``; True
+    if there was anything."""
     if not directory.is_dir():
         return False
     found = False
     for entry in directory.iterdir():
+        if not only(entry.name):
+            continue
         found = True
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)

@@ -12,6 +12,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 PROC = Path("/proc")
 
@@ -59,23 +60,27 @@ def signal_all(pids: list[int], number: int) -> None:
             os.kill(pid, number)
 
 
+class Ended(NamedTuple):
+    terminated: int  # descendants sent SIGTERM
+    killed: list[int]  # those still alive at the timeout, sent SIGKILL
+
+
 def terminate_descendants(
     timeout: float, reap: Callable[[], object], sleep: Callable[[float], None] = time.sleep
-) -> list[int]:
-    """SIGTERM every descendant, wait up to ``timeout`` (reaping), SIGKILL what is left.
-
-    Returns the pids that had to be killed."""
-    signal_all(descendants(), signal.SIGTERM)
+) -> Ended:
+    """SIGTERM every descendant, wait up to ``timeout`` (reaping), SIGKILL what is left."""
+    found = living(descendants())
+    signal_all(found, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         reap()
         if not living(descendants()):
-            return []
+            return Ended(len(found), [])
         sleep(0.02)
     left = living(descendants())
     signal_all(left, signal.SIGKILL)
     _wait_gone(reap, sleep)
-    return left
+    return Ended(len(found), left)
 
 
 def living(pids: list[int]) -> list[int]:

@@ -1,29 +1,55 @@
-"""The store stopped for 20 s while a job stages its weights from it: the agent waits it out,
-the job completes with every file mounted and intact. (The same outage during checkpoint
-uploads is in tests/test_sidecar.py.)"""
+"""The store stopped and started again while a job stages its weights, while it loads earlier
+checkpoints, when the job starts and when it ends: the agent waits it out, the job completes
+with every file intact, and its records and log reach the store once it is back. (The same
+outage during checkpoint uploads is in tests/test_sidecar.py.)"""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import servers
 from conftest import Agent, finish, wait_for
 
+from bt_agent.catalog import Catalog, checkpoint_prefix
+from bt_agent.records import JobRecord, Manifest, ManifestFile
+from bt_agent.settings import Environ
+from bt_agent.storage import ObjectStore, open_store
+from bt_agent.storage.registry import R2_ENDPOINT_VARIABLE
+
 
 @pytest.fixture
-def own_s3(tmp_path: Path) -> Iterator[servers.SeaweedFS]:
+def own_s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[servers.SeaweedFS]:
+    """A SeaweedFS the test stops and starts; the test's own clients find its credentials in
+    the environment, as the agent's do."""
     server = servers.seaweedfs(tmp_path / "s3")
+    for name, value in _env(server).items():
+        monkeypatch.setenv(name, value)
     try:
         yield server
     finally:
         server.stop()
+
+
+def _env(server: servers.SeaweedFS) -> dict[str, str]:
+    return {
+        "AWS_ACCESS_KEY_ID": servers.ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": servers.SECRET_KEY,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": server.endpoint,
+    }
+
+
+def _node_record(store: ObjectStore, job_id: str) -> dict[str, Any]:
+    return dict(json.loads(store.read_bytes(f"projects/default/jobs/{job_id}/nodes/rank-0.json")))
 
 
 def test_store_down_for_20_seconds_during_staging(agent: Agent, own_s3: servers.SeaweedFS) -> None:
@@ -34,12 +60,7 @@ def test_store_down_for_20_seconds_during_staging(agent: Agent, own_s3: servers.
     for name, data in files.items():
         client.put_object(Bucket=bucket, Key=f"model/{name}", Body=data)
     own_s3.stop()  # down before the job starts: listing and fetching must wait
-    env = {
-        "AWS_ACCESS_KEY_ID": servers.ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": servers.SECRET_KEY,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": own_s3.endpoint,
-    }
+    env = _env(own_s3)
     job = {
         "image": {"base_image": "x"},
         "weights": [{"source": f"s3://{bucket}/model", "mount_location": "/app/model"}],
@@ -59,3 +80,96 @@ def test_store_down_for_20_seconds_during_staging(agent: Agent, own_s3: servers.
     for name, data in files.items():
         assert hashlib.sha256((mount / name).read_bytes()).digest() == hashlib.sha256(data).digest()
     assert "retrying for up to" in agent.output()
+
+
+def _commit(store: ObjectStore, job_id: str, files: dict[str, bytes]) -> None:
+    """A committed checkpoint, as the sidecar of an earlier job leaves it."""
+    catalog = Catalog(store)
+    catalog.create_job(JobRecord(job_id, "default", None, "2026-01-01T00:00:00.000Z", 1, {}))
+    prefix = checkpoint_prefix("default", job_id, 0, "checkpoint-7")
+    for path, data in files.items():
+        store.write_bytes(f"{prefix}/{path}", data)
+    entries = [ManifestFile(p, len(d), hashlib.sha256(d).hexdigest()) for p, d in files.items()]
+    at = "2026-01-01T01:00:00.000Z"
+    catalog.write_manifest(Manifest(job_id, "default", 0, "checkpoint-7", at, at, entries))
+
+
+def test_store_down_for_20_seconds_while_checkpoints_load(
+    agent: Agent, own_s3: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    """The store stops between staging and loading: the weights come from a second server,
+    down until the test has stopped the store, so the outage begins at a known point."""
+    url = "s3://store/bt"
+    own_s3.create_bucket("store")
+    env = _env(own_s3)
+    files = {f"shard-{i}.safetensors": os.urandom(200_000) for i in range(3)}
+    _commit(open_store(url, Environ(env)), "src0001", files)
+    weights = servers.seaweedfs(tmp_path / "weights")
+    try:
+        weights.create_bucket("wts")
+        weights.client().put_object(Bucket="wts", Key="base/config.json", Body=b"{}")
+        weights.stop()
+        job = {
+            "image": {"base_image": "x"},
+            # An R2 source has an endpoint of its own (s3:// sources share the store's).
+            "weights": [{"source": "r2://acct.wts/base", "mount_location": "/app/base"}],
+            "runtime": {
+                "start_commands": ["ls $BT_LOAD_CHECKPOINT_DIR/rank-0/checkpoint-7"],
+                "load_checkpoint_config": {
+                    "enabled": True,
+                    "checkpoints": [{"typ": "baseten_latest_checkpoint", "job_id": "src0001"}],
+                },
+            },
+        }
+        env[R2_ENDPOINT_VARIABLE] = weights.endpoint
+        process = agent.start(job, "--job-id", "outl001", "--store", url, env=env)
+        wait_for(lambda: "weights[0]: the source is unreachable" in agent.output(), 60, "waiting")
+        own_s3.stop()
+        weights.start()
+        stopped = time.monotonic()
+        wait_for(
+            lambda: "checkpoints[0]: the store is unreachable" in agent.output(), 60, "the loader"
+        )
+        time.sleep(max(0.0, 20 - (time.monotonic() - stopped)))
+        own_s3.start()
+        assert finish(process, 180, agent) == 0, agent.output()
+    finally:
+        weights.stop()
+    loaded = agent.node_root / "tmp" / "loaded_checkpoints" / "rank-0" / "checkpoint-7"
+    assert {p.name: p.read_bytes() for p in loaded.iterdir()} == files
+    assert _node_record(open_store(url, Environ(env)), "outl001")["status"] == (
+        "TRAINING_JOB_COMPLETED"
+    )
+
+
+def test_store_down_when_the_job_starts_and_when_it_ends(
+    agent: Agent, own_s3: servers.SeaweedFS
+) -> None:
+    """The job waits for the store to create its record; the commands' end is recorded, with
+    the whole log, once the store is back, and the exit code is the job's."""
+    url = "s3://store/bt"
+    own_s3.create_bucket("store")
+    env = _env(own_s3)
+    flag = agent.root / "go"
+    job = {
+        "image": {"base_image": "x"},
+        "runtime": {"start_commands": [f"while [ ! -e {flag} ]; do sleep 0.1; done; echo trained"]},
+    }
+    own_s3.stop()
+    process = agent.start(job, "--job-id", "oute001", "--store", url, env=env)
+    wait_for(lambda: "the store is unreachable" in agent.output(), 60, "the agent to wait")
+    time.sleep(8)
+    own_s3.start()
+    wait_for(lambda: "start_commands[0]" in agent.output(), 60, "the commands to start")
+    own_s3.stop()
+    flag.touch()  # the commands end while the store is down
+    wait_for(lambda: "COMPLETED (exit 0)" in agent.output(), 30, "the commands to end")
+    time.sleep(8)
+    assert process.poll() is None, "the agent waits to write its records"
+    own_s3.start()
+    assert finish(process, 120, agent) == 0, agent.output()
+    store = open_store(url, Environ(env))
+    assert _node_record(store, "oute001")["status"] == "TRAINING_JOB_COMPLETED"
+    log = store.read_bytes("projects/default/jobs/oute001/logs/rank-0.log").decode()
+    assert "trained" in log and "job oute001 COMPLETED (exit 0)" in log
+    assert "the store is reachable again" in agent.output()
