@@ -204,7 +204,8 @@ class JobRunner:
         )
         self.log.info(summary + (f": {outcome.reason}" if outcome.reason else ""))
         self._enter(outcome.status)
-        if not reporter.flush(self._records_deadline()):
+        patience = time.monotonic() + self._outage_seconds
+        if not reporter.flush(lambda: self._records_deadline(patience)):
             self.log.error(
                 f"the store stayed unreachable: the node record ({outcome.status.short}) and "
                 "log could not be saved; the exit code is the job's"
@@ -378,13 +379,13 @@ class JobRunner:
             return self.relay.stop_time + max(grace - RECORDS_RESERVE_SECONDS, 0.5)
         return self._checkpoints.default_deadline()
 
-    def _records_deadline(self) -> float:
-        """Until when the last record and log may be written: the end of the grace period
-        after a stop signal, else as long as an outage of the store is waited out."""
-        if self.relay.stop_time is not None:
-            grace = self.plan.context.grace_period
-            return max(self.relay.stop_time + grace - RECORDS_MARGIN_SECONDS, time.monotonic())
-        return time.monotonic() + self._outage_seconds
+    def _records_deadline(self, patience: float) -> float:
+        """Until when the last record and log may be written: ``patience`` (as long as an
+        outage of the store is waited out), or the end of the grace period after a stop."""
+        if self.relay.stop_time is None:
+            return patience
+        grace_end = self.relay.stop_time + self.plan.context.grace_period
+        return min(patience, grace_end - RECORDS_MARGIN_SECONDS)
 
     def _kill_everything(self) -> None:
         self.killed_after_grace = True

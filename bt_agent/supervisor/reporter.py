@@ -60,13 +60,14 @@ class StoreReporter:
             self._pending = record
             self._changed.notify_all()
 
-    def flush(self, deadline: float) -> bool:
-        """Wait until the newest record and the whole log are in the store, or ``deadline``
-        (``time.monotonic()``) passes; True if they are."""
+    def flush(self, deadline: Callable[[], float]) -> bool:
+        """Wait until the newest record and the whole log are in the store, or ``deadline()``
+        (``time.monotonic()``; asked again as it waits, since a stop signal brings it closer)
+        passes; True if they are."""
         with self._changed:
             self._changed.notify_all()
             while not self._settled():
-                left = deadline - time.monotonic()
+                left = deadline() - time.monotonic()
                 if left <= 0:
                     return False
                 self._changed.wait(min(left, 0.1))

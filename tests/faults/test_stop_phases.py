@@ -110,6 +110,7 @@ def test_sigterm_in_each_phase(agent: Agent, own_s3: servers.SeaweedFS, phase: P
     process.send_signal(signal.SIGTERM)
     code = finish(process, 60, agent)
     elapsed = time.monotonic() - sent
+    print(f"SIGTERM while {phase.name}: exit {code} after {elapsed:.2f} s")
     assert code == phase.exit_code, agent.output()
     assert elapsed < GRACE + SLACK, f"{phase.name}: took {elapsed:.1f} s, grace {GRACE:g} s"
     assert marked_processes(agent.mark) == []
