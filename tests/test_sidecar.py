@@ -395,3 +395,24 @@ def test_work_in_progress_is_never_uploaded(relative: str, expected: bool) -> No
     from bt_agent.sidecar.files import transient
 
     assert transient(relative) is expected
+
+
+def test_a_checkpoint_held_on_a_full_disk_is_released_only_once_rewritten(tmp_path: Path) -> None:
+    import io
+
+    from bt_agent.log import AgentLog
+    from bt_agent.sidecar.space import FullDisk
+
+    out = io.StringIO()
+    space = FullDisk(tmp_path, AgentLog(out), threshold=2**62)  # any disk is "full" to it
+    torn = time.time_ns()  # a file written before the disk was seen full
+    space.check(["checkpoint-2"])
+    assert space.full and space.held == ["checkpoint-2"]
+    assert space.holds("checkpoint-2", [torn])
+    assert not space.holds("checkpoint-1", [torn]), "not being written then"
+    space.threshold = 0
+    space.check(["checkpoint-2"])
+    assert not space.full and "has room again" in out.getvalue()
+    later = time.time_ns() + 10**9
+    assert space.holds("checkpoint-2", [torn, later]), "one file is still the torn one"
+    assert not space.holds("checkpoint-2", [later, later]) and space.held == []

@@ -47,6 +47,7 @@ from bt_agent.sidecar.files import (
     within_checkpoint,
 )
 from bt_agent.sidecar.journal import Journal
+from bt_agent.sidecar.space import FullDisk
 from bt_agent.sidecar.stats import UploadStats
 from bt_agent.sidecar.watch import Watcher
 
@@ -90,10 +91,11 @@ class DrainReport:
     not_durable: list[str]  # files (relative to the checkpoint dir) not saved in time
     uncommitted: list[str]  # checkpoints whose manifest could not be written
     seconds: float
+    held: list[str] = field(default_factory=list)  # written while the disk was full
 
     @property
     def complete(self) -> bool:
-        return not self.not_durable and not self.uncommitted
+        return not self.not_durable and not self.uncommitted and not self.held
 
     def describe(self) -> str:
         shown = ", ".join(self.not_durable[:10]) + (" ..." if len(self.not_durable) > 10 else "")
@@ -102,6 +104,11 @@ class DrainReport:
             parts.append(f"{len(self.not_durable)} checkpoint file(s) not durable: {shown}")
         if self.uncommitted:
             parts.append(f"checkpoint(s) not committed: {', '.join(self.uncommitted)}")
+        if self.held:
+            parts.append(
+                "checkpoint(s) written while the checkpoint dir was full, not committed: "
+                + ", ".join(self.held)
+            )
         return "; ".join(parts)
 
 
@@ -172,6 +179,7 @@ class Sidecar:
         self._last_report = time.monotonic()
         self._last_backlog = 0.0
         self.watcher = Watcher(directory.root, self._changes, self.settings.polling)
+        self.space = FullDisk(directory.root, log)
         self._threads: list[threading.Thread] = []
 
     # --- life cycle --------------------------------------------------------------------------
@@ -231,10 +239,11 @@ class Sidecar:
         # Snapshots (each taken at once under the GIL): the coordinator may still be in a step.
         waiting = list(state.pending) + list(state.in_flight)
         left = sorted(r for r in set(waiting) if isinstance(self.dir.classify(r), Candidate))
-        uncommitted = sorted(set(state.dirty) | {checkpoint_of(r) for r in left})
+        held = set(self.space.held) & set(state.dirty)
+        uncommitted = sorted((set(state.dirty) - held) | {checkpoint_of(r) for r in left})
         self.stats.lost(left)
         self.stats.backlog(len(left), 0)
-        return DrainReport(left, uncommitted, seconds)
+        return DrainReport(left, uncommitted, seconds, sorted(held))
 
     # --- the coordinator ---------------------------------------------------------------------
 
@@ -251,13 +260,19 @@ class Sidecar:
 
     def _step(self, now: float) -> None:
         self._take_changes(now)
+        self.space.check(self._being_written())
         self._collect(now)
         self._submit(now)
         self._commit_ready(now)
         self._report(now)
         state = self._state
-        if self._draining and not (state.pending or state.in_flight or state.dirty):
+        held = set(self.space.held)
+        if self._draining and not (state.pending or state.in_flight or state.dirty - held):
             self._idle.set()
+
+    def _being_written(self) -> set[str]:
+        state = self._state
+        return state.busy() | state.dirty
 
     def _mark(self, relative: str, now: float, quiet: bool = True) -> None:
         state = self._state
@@ -448,6 +463,8 @@ class Sidecar:
         if state.commits.get(checkpoint) == signature:
             state.dirty.discard(checkpoint)
             return
+        if self.space.holds(checkpoint, (sig.mtime_ns for _, sig, _ in files)):
+            return  # stays dirty: committed only once written again with room
         manifest = Manifest(
             job_id=self.owner.job_id,
             project=self.owner.project,

@@ -1,0 +1,97 @@
+"""The checkpoint dir's file system runs full while a trainer saves into place (a 10 MiB tmpfs;
+mounting it needs root, as CI has): the cut-short checkpoint is never committed, the earlier
+and later ones are, and the agent says why in its log and in the node record."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Agent, small_tmpfs
+
+from bt_agent.catalog import Catalog
+from bt_agent.settings import Environ
+from bt_agent.storage import open_store
+
+MiB = 1024 * 1024
+TRAINER = """
+import os, sys, time
+root = os.environ["BT_CHECKPOINT_DIR"]
+MiB = 1024 * 1024
+
+def save(name, size):
+    os.makedirs(os.path.join(root, name), exist_ok=True)
+    with open(os.path.join(root, name, "model.bin"), "wb") as f:  # in place, as torch.save does
+        for _ in range(size // MiB):
+            f.write(os.urandom(MiB))
+
+save("checkpoint-1", 3 * MiB)
+time.sleep(1.5)
+try:
+    save("checkpoint-2", 20 * MiB)
+except OSError as exc:
+    print(f"checkpoint-2 failed: {exc.strerror}", flush=True)
+time.sleep(1.5)
+if sys.argv[1] == "crash":
+    sys.exit(1)
+# "recover": make room, save the next checkpoint, and exit 0 without a word about step 2
+import shutil
+shutil.rmtree(os.path.join(root, "checkpoint-1"))
+save("checkpoint-3", 1 * MiB)
+time.sleep(1.5)
+"""
+
+
+@pytest.fixture
+def full_dir(agent: Agent) -> Iterator[Path]:
+    (agent.node_root / "mnt").mkdir(parents=True)
+    with small_tmpfs(agent.node_root / "mnt" / "ckpts", "10m") as mount:
+        yield mount
+
+
+def _job(agent: Agent, mode: str) -> dict[str, object]:
+    script = agent.root / "trainer.py"
+    script.write_text(TRAINER)
+    return {
+        "image": {"base_image": "x"},
+        "runtime": {
+            "start_commands": [f"{sys.executable} {script} {mode}"],
+            "checkpointing_config": {"enabled": True},
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("mode", "code", "committed"),
+    [
+        ("crash", 1, ["checkpoint-1"]),  # the trainer dies of the full disk
+        ("recover", 4, ["checkpoint-1", "checkpoint-3"]),  # it exits 0, a torn checkpoint left
+    ],
+)
+def test_a_checkpoint_cut_short_by_a_full_disk_is_never_committed(
+    agent: Agent, full_dir: Path, mode: str, code: int, committed: list[str]
+) -> None:
+    job_id = f"full{mode[:3]}"
+    result = agent.run_job(
+        _job(agent, mode), "--job-id", job_id, env={"BT_CHECKPOINT_QUIET_SECONDS": "0.3"}
+    )
+    assert result.code == code, result.text
+    assert "checkpoint-2 failed: No space left on device" in result.out
+    assert (full_dir / "checkpoint-2" / "model.bin").stat().st_size < 20 * MiB, "it is torn"
+    assert "is full" in result.err and "checkpoint-2 was being written" in result.err
+
+    store = open_store(agent.store.as_uri(), Environ({}))
+    manifests = Catalog(store).manifests("default", job_id, 0)
+    assert sorted(m.checkpoint for m in manifests) == committed
+    for manifest in manifests:
+        assert [(f.path, f.size) for f in manifest.files] == [
+            ("model.bin", (3 if manifest.checkpoint == "checkpoint-1" else 1) * MiB)
+        ]
+    record = json.loads(store.read_bytes(f"projects/default/jobs/{job_id}/nodes/rank-0.json"))
+    assert (
+        "written while the checkpoint dir was full, not committed: checkpoint-2"
+        in (record["error"])
+    )
