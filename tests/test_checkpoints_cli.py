@@ -7,11 +7,10 @@ import csv
 import hashlib
 import io
 import json
-import sys
 
 import pytest
 import servers
-from conftest import Agent
+from conftest import Agent, trainer_job
 
 FAST = {"BT_CHECKPOINT_QUIET_SECONDS": "0.3"}
 
@@ -31,18 +30,6 @@ save_file({"base_model.q_proj.lora_A.weight": torch.zeros(8, 64, dtype=torch.bfl
 json.dump({"base_model_name_or_path": "meta-llama/Llama-3.1-8B", "r": 8},
           open(os.path.join(lora, "adapter_config.json"), "w"))
 """
-
-
-def _job(agent: Agent) -> dict[str, object]:
-    script = agent.root / "trainer.py"
-    script.write_text(TRAINER)
-    return {
-        "image": {"base_image": "x"},
-        "runtime": {
-            "start_commands": [f"{sys.executable} {script}"],
-            "checkpointing_config": {"enabled": True},
-        },
-    }
 
 
 def _browse(agent: Agent, store: str, *args: str, env: dict[str, str] | None = None) -> str:
@@ -68,7 +55,14 @@ def test_list_files_and_inspect(
             "AWS_ENDPOINT_URL": s3_server.endpoint,
         }
     result = agent.run_job(
-        _job(agent), "--job-id", "brws001", "--project", "lm", "--store", store, env=env
+        trainer_job(agent, TRAINER),
+        "--job-id",
+        "brws001",
+        "--project",
+        "lm",
+        "--store",
+        store,
+        env=env,
     )
     assert result.code == 0, result.text
 
@@ -151,7 +145,7 @@ def test_list_files_and_inspect(
 
 
 def test_unknown_names_get_a_clear_error(agent: Agent) -> None:
-    assert agent.run_job(_job(agent), "--job-id", "brws002", env=FAST).code == 0
+    assert agent.run_job(trainer_job(agent, TRAINER), "--job-id", "brws002", env=FAST).code == 0
     store = str(agent.store)
     missing = agent(
         "checkpoints", "files", "--job-id", "brws002", "--checkpoint", "nope", "--store", store

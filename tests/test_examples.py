@@ -115,13 +115,7 @@ def test_ddp_trains_checkpoints_and_resumes_latest_and_named(agent: Agent) -> No
 
 
 def _s3_env(server: servers.SeaweedFS) -> dict[str, str]:
-    return {
-        **FAST,
-        "AWS_ACCESS_KEY_ID": servers.ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": servers.SECRET_KEY,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": server.endpoint,
-    }
+    return {**FAST, **server.client_env()}
 
 
 def test_sigterm_mid_training_commits_the_newest_checkpoint_and_a_new_job_resumes(

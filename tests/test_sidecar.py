@@ -206,28 +206,8 @@ def test_metrics_endpoint_reports_the_totals(agent: Agent) -> None:
 # --- faults --------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def own_s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[servers.SeaweedFS]:
-    """A SeaweedFS of this test's own, which the test stops and starts again; the test's own
-    S3 clients find its credentials in the environment, as the agent's do."""
-    server = servers.seaweedfs(tmp_path / "s3")
-    try:
-        server.create_bucket("store")
-        for name, value in s3_env(server).items():
-            monkeypatch.setenv(name, value)
-        yield server
-    finally:
-        server.stop()
-
-
 def s3_env(server: servers.SeaweedFS) -> dict[str, str]:
-    return {
-        **FAST,
-        "AWS_ACCESS_KEY_ID": servers.ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": servers.SECRET_KEY,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": server.endpoint,
-    }
+    return {**FAST, **server.client_env()}
 
 
 def test_store_outage_of_20_seconds_loses_nothing(agent: Agent, own_s3: servers.SeaweedFS) -> None:

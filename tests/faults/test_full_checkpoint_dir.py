@@ -5,12 +5,11 @@ and later ones are, and the agent says why in its log and in the node record."""
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Agent, small_tmpfs
+from conftest import Agent, small_tmpfs, trainer_job
 
 from bt_agent.catalog import Catalog
 from bt_agent.settings import Environ
@@ -52,18 +51,6 @@ def full_dir(agent: Agent) -> Iterator[Path]:
         yield mount
 
 
-def _job(agent: Agent, mode: str) -> dict[str, object]:
-    script = agent.root / "trainer.py"
-    script.write_text(TRAINER)
-    return {
-        "image": {"base_image": "x"},
-        "runtime": {
-            "start_commands": [f"{sys.executable} {script} {mode}"],
-            "checkpointing_config": {"enabled": True},
-        },
-    }
-
-
 @pytest.mark.parametrize(
     ("mode", "code", "committed"),
     [
@@ -76,7 +63,10 @@ def test_a_checkpoint_cut_short_by_a_full_disk_is_never_committed(
 ) -> None:
     job_id = f"full{mode[:3]}"
     result = agent.run_job(
-        _job(agent, mode), "--job-id", job_id, env={"BT_CHECKPOINT_QUIET_SECONDS": "0.3"}
+        trainer_job(agent, TRAINER, mode),
+        "--job-id",
+        job_id,
+        env={"BT_CHECKPOINT_QUIET_SECONDS": "0.3"},
     )
     assert result.code == code, result.text
     assert "checkpoint-2 failed: No space left on device" in result.out

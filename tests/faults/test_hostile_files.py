@@ -5,9 +5,8 @@ skipped with a warning where not; never blocking, never a crash."""
 from __future__ import annotations
 
 import hashlib
-import sys
 
-from conftest import Agent
+from conftest import Agent, trainer_job
 
 from bt_agent.catalog import Catalog, checkpoint_prefix
 from bt_agent.settings import Environ
@@ -27,17 +26,12 @@ os.symlink(b"loop", os.path.join(ckpt, b"loop"))
 
 
 def test_hostile_names_and_kinds(agent: Agent) -> None:
-    script = agent.root / "make.py"
-    script.write_text(MAKE)
-    job = {
-        "image": {"base_image": "x"},
-        "runtime": {
-            "start_commands": [f"{sys.executable} {script}"],
-            "checkpointing_config": {"enabled": True},
-        },
-    }
     result = agent.run_job(
-        job, "--job-id", "host001", env={"BT_CHECKPOINT_QUIET_SECONDS": "0.2"}, timeout=60
+        trainer_job(agent, MAKE),
+        "--job-id",
+        "host001",
+        env={"BT_CHECKPOINT_QUIET_SECONDS": "0.2"},
+        timeout=60,
     )
     assert result.code == 0, result.text
     assert "Traceback" not in result.err

@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import servers
-from conftest import Agent
+from conftest import Agent, trainer_job
 
 from bt_agent.catalog import Catalog, checkpoint_prefix
 from bt_agent.settings import Environ
@@ -28,25 +25,6 @@ with open(__import__("os").environ["BT_CHECKPOINT_DIR"] + "/checkpoint-1/model.b
     f.seek({SIZE - len(TAIL)})
     f.write({TAIL!r})
 """
-
-
-@pytest.fixture
-def own_s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[servers.SeaweedFS]:
-    """A SeaweedFS of this test's own, its data removed at the end (it holds the large file)."""
-    server = servers.seaweedfs(tmp_path / "s3")
-    server.create_bucket("store")
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": servers.ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": servers.SECRET_KEY,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": server.endpoint,
-    }.items():
-        monkeypatch.setenv(name, value)
-    try:
-        yield server
-    finally:
-        server.stop()
-        shutil.rmtree(tmp_path / "s3", ignore_errors=True)
 
 
 def _sha256_of_the_sparse_file() -> str:
@@ -66,17 +44,7 @@ def test_a_sparse_file_over_5_gib_is_uploaded_in_parts_and_committed(
 ) -> None:
     if shutil.disk_usage(agent.root).free < SIZE + 2 * GiB:
         pytest.fail(f"needs {(SIZE + 2 * GiB) / GiB:.1f} GiB free for the store's copy")
-    script = agent.root / "write_large.py"
-    script.write_text(WRITER)
-    job = {
-        "image": {"base_image": "x"},
-        "runtime": {
-            "start_commands": [
-                f'mkdir -p "$BT_CHECKPOINT_DIR/checkpoint-1" && {sys.executable} {script}'
-            ],
-            "checkpointing_config": {"enabled": True},
-        },
-    }
+    job = trainer_job(agent, WRITER, before='mkdir -p "$BT_CHECKPOINT_DIR/checkpoint-1"')
     url = "s3://store/bt"
     result = agent.run_job(job, "--job-id", "large01", "--store", url, timeout=600)
     assert result.code == 0, result.text

@@ -9,9 +9,7 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import servers
@@ -44,28 +42,6 @@ PHASES = [
 ]
 
 
-@pytest.fixture
-def own_s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[servers.SeaweedFS]:
-    server = servers.seaweedfs(tmp_path / "s3")
-    server.create_bucket("store")
-    for name, value in _env(server).items():
-        monkeypatch.setenv(name, value)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def _env(server: servers.SeaweedFS) -> dict[str, str]:
-    return {
-        "AWS_ACCESS_KEY_ID": servers.ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": servers.SECRET_KEY,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": server.endpoint,
-        "BT_CHECKPOINT_QUIET_SECONDS": "0.2",
-    }
-
-
 def _job(phase: Phase, agent: Agent) -> dict[str, object]:
     if phase.name == "running":
         command = "while true; do echo training step; sleep 0.2; done"
@@ -87,7 +63,11 @@ def _job(phase: Phase, agent: Agent) -> dict[str, object]:
 
 @pytest.mark.parametrize("phase", PHASES, ids=[p.name for p in PHASES])
 def test_sigterm_in_each_phase(agent: Agent, own_s3: servers.SeaweedFS, phase: Phase) -> None:
-    env = {**_env(own_s3), "BT_R2_ENDPOINT_URL": f"http://127.0.0.1:{servers.free_port()}"}
+    env = {
+        **own_s3.client_env(),
+        "BT_CHECKPOINT_QUIET_SECONDS": "0.2",
+        "BT_R2_ENDPOINT_URL": f"http://127.0.0.1:{servers.free_port()}",
+    }
     url = "s3://store/bt"
     if phase.name == "creating":
         own_s3.stop()

@@ -11,11 +11,9 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import servers
 from conftest import Agent, finish, wait_for
 
@@ -24,28 +22,6 @@ from bt_agent.records import JobRecord, Manifest, ManifestFile
 from bt_agent.settings import Environ
 from bt_agent.storage import ObjectStore, open_store
 from bt_agent.storage.registry import R2_ENDPOINT_VARIABLE
-
-
-@pytest.fixture
-def own_s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[servers.SeaweedFS]:
-    """A SeaweedFS the test stops and starts; the test's own clients find its credentials in
-    the environment, as the agent's do."""
-    server = servers.seaweedfs(tmp_path / "s3")
-    for name, value in _env(server).items():
-        monkeypatch.setenv(name, value)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def _env(server: servers.SeaweedFS) -> dict[str, str]:
-    return {
-        "AWS_ACCESS_KEY_ID": servers.ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": servers.SECRET_KEY,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": server.endpoint,
-    }
 
 
 def _node_record(store: ObjectStore, job_id: str) -> dict[str, Any]:
@@ -60,7 +36,7 @@ def test_store_down_for_20_seconds_during_staging(agent: Agent, own_s3: servers.
     for name, data in files.items():
         client.put_object(Bucket=bucket, Key=f"model/{name}", Body=data)
     own_s3.stop()  # down before the job starts: listing and fetching must wait
-    env = _env(own_s3)
+    env = own_s3.client_env()
     job = {
         "image": {"base_image": "x"},
         "weights": [{"source": f"s3://{bucket}/model", "mount_location": "/app/model"}],
@@ -100,8 +76,7 @@ def test_store_down_for_20_seconds_while_checkpoints_load(
     """The store stops between staging and loading: the weights come from a second server,
     down until the test has stopped the store, so the outage begins at a known point."""
     url = "s3://store/bt"
-    own_s3.create_bucket("store")
-    env = _env(own_s3)
+    env = own_s3.client_env()
     files = {f"shard-{i}.safetensors": os.urandom(200_000) for i in range(3)}
     _commit(open_store(url, Environ(env)), "src0001", files)
     weights = servers.seaweedfs(tmp_path / "weights")
@@ -148,8 +123,7 @@ def test_store_down_when_the_job_starts_and_when_it_ends(
     """The job waits for the store to create its record; the commands' end is recorded, with
     the whole log, once the store is back, and the exit code is the job's."""
     url = "s3://store/bt"
-    own_s3.create_bucket("store")
-    env = _env(own_s3)
+    env = own_s3.client_env()
     flag = agent.root / "go"
     job = {
         "image": {"base_image": "x"},
