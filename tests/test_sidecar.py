@@ -1,6 +1,6 @@
 """The checkpoint sidecar through the real agent: writers that behave like real trainers, faults
-(store outage, SIGKILL of the agent, SIGTERM during the drain, a full store), and every test
-checks the store against what was written, by sha256."""
+(SIGKILL of the agent, SIGTERM during the drain, a full store; a store outage is in
+tests/faults), and every test checks the store against what was written, by sha256."""
 
 from __future__ import annotations
 
@@ -19,52 +19,11 @@ from typing import Any
 
 import pytest
 import servers
-from conftest import BIN, Agent, finish, marked_processes, small_tmpfs, wait_for
+from conftest import Agent, finish, marked_processes, small_tmpfs, wait_for
+from sidecar_checks import FAST, WRITER, assert_store_holds, ckpt_job, manifests
 
-from bt_agent.catalog import Catalog, checkpoint_prefix
-from bt_agent.records import Manifest
 from bt_agent.settings import Environ
 from bt_agent.storage import ObjectStore, open_store
-
-FAST = {"BT_CHECKPOINT_QUIET_SECONDS": "0.3"}
-WRITER = f"{sys.executable} {BIN / 'write_checkpoints.py'}"
-
-
-def ckpt_job(command: str, **runtime: Any) -> dict[str, Any]:
-    return {
-        "image": {"base_image": "x"},
-        "runtime": {
-            "start_commands": [command],
-            "checkpointing_config": {"enabled": True},
-            **runtime,
-        },
-    }
-
-
-def manifests(store: ObjectStore, project: str, job_id: str, rank: int = 0) -> dict[str, Manifest]:
-    return {m.checkpoint: m for m in Catalog(store).manifests(project, job_id, rank)}
-
-
-def assert_store_holds(
-    store: ObjectStore,
-    ledger: dict[str, dict[str, str]],
-    job_id: str,
-    project: str = "default",
-    rank: int = 0,
-) -> dict[str, Manifest]:
-    """Every checkpoint the writer wrote is committed, its manifest names exactly the files
-    written with their sha256, and every object in the store hashes to that sha256."""
-    committed = manifests(store, project, job_id, rank)
-    assert sorted(committed) == sorted(ledger), (sorted(committed), sorted(ledger))
-    for name, files in ledger.items():
-        manifest = committed[name]
-        assert {f.path: f.sha256 for f in manifest.files} == files, name
-        prefix = checkpoint_prefix(project, job_id, rank, name)
-        for entry in manifest.files:
-            data = store.read_bytes(f"{prefix}/{entry.path}")
-            assert len(data) == entry.size
-            assert hashlib.sha256(data).hexdigest() == entry.sha256, f"{name}/{entry.path}"
-    return committed
 
 
 def on_disk(checkpoint_dir: Path) -> dict[str, dict[str, str]]:
@@ -208,38 +167,6 @@ def test_metrics_endpoint_reports_the_totals(agent: Agent) -> None:
 
 def s3_env(server: servers.SeaweedFS) -> dict[str, str]:
     return {**FAST, **server.client_env()}
-
-
-def test_store_outage_of_20_seconds_loses_nothing(agent: Agent, own_s3: servers.SeaweedFS) -> None:
-    env = s3_env(own_s3)
-    ledger = agent.root / "ledger.json"
-    flag = agent.root / "go"
-    command = (
-        f"{WRITER} {ledger} --steps 1 --size 2000000 && "
-        f"while [ ! -e {flag} ]; do sleep 0.1; done && "
-        f"{WRITER} {ledger}.2 --first 2 --steps 2 --size 3000000"
-    )
-    process = agent.start(
-        ckpt_job(command), "--job-id", "outg001", "--store", "s3://store/bt", env=env
-    )
-    store = open_store("s3://store/bt", Environ(env))
-    try:
-        wait_for(lambda: "checkpoint-1" in manifests(store, "default", "outg001"), 60, "commit 1")
-        own_s3.stop()
-        flag.touch()  # the trainer writes two more checkpoints while the store is down
-        time.sleep(20)
-        own_s3.start()
-        assert finish(process, 180, agent) == 0, agent.output()
-    finally:
-        if process.poll() is None:
-            process.kill()
-    written = {**json.loads(ledger.read_text()), **json.loads(Path(f"{ledger}.2").read_text())}
-    assert_store_holds(store, written, "outg001")
-    uploads = json.loads(store.read_bytes("projects/default/jobs/outg001/nodes/rank-0.json"))[
-        "uploads"
-    ]
-    assert uploads["failures"] > 0 and uploads["not_durable"] == []
-    assert "upload of checkpoint-2/" in agent.output() and "retrying" in agent.output()
 
 
 def _journal_rows(agent: Agent, job_id: str) -> int:

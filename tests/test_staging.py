@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import servers
-from conftest import Agent, small_tmpfs
+from conftest import Agent
 
 from bt_agent.errors import UnsafeKeyError
 from bt_agent.spec.models import WeightsSource
@@ -248,36 +247,6 @@ def test_progress_lines_say_bytes_rate_and_eta() -> None:
     lines = buffer.getvalue().splitlines()
     assert lines and all(line.startswith("bt-agent: weights[0]: ") for line in lines)
     assert "of 100.0 MB" in lines[-1] and "MB/s, ETA " in lines[-1]
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MiB disk for the node cache."""
-    with small_tmpfs(tmp_path / "small-disk", "2m") as mount:
-        yield mount
-
-
-def test_full_disk_is_deploy_failed_with_nothing_partial(
-    agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah, small_disk: Path
-) -> None:
-    env = {**_env(agent, s3_server, hf_server), "BT_NODE_CACHE_DIR": str(small_disk / "cache")}
-    url = _seed_s3(s3_server, {"big.bin": bytes(3 * 1024 * 1024), "small.bin": b"s"})
-    ran = agent.root / "ran"
-    weights = [{"source": url, "mount_location": "/d", "auth_secret_name": "s3_creds"}]
-    result = agent.run_job(_job(weights, f"touch {ran}"), env=env)
-    assert result.code == 3, result.text
-    assert "not enough disk space in the node cache" in result.err
-    assert not ran.exists() and not (agent.node_root / "d").exists()
-    leftovers = (
-        [
-            p
-            for p in (small_disk / "cache").rglob("*")
-            if p.is_file() and not p.name.endswith(".lock")
-        ]
-        if (small_disk / "cache").exists()
-        else []
-    )
-    assert leftovers == [], "no partial or corrupt cache entry"
 
 
 def test_gs_r2_and_https_sources(

@@ -1,7 +1,7 @@
 """The store stopped and started again while a job stages its weights, while it loads earlier
-checkpoints, when the job starts and when it ends: the agent waits it out, the job completes
-with every file intact, and its records and log reach the store once it is back. (The same
-outage during checkpoint uploads is in tests/test_sidecar.py.)"""
+checkpoints, while the sidecar uploads, when the job starts and when it ends: the agent waits
+it out, the job completes with every file intact, and its records and log reach the store once
+it is back."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 
 import servers
 from conftest import Agent, finish, wait_for
+from sidecar_checks import FAST, WRITER, assert_store_holds, ckpt_job, manifests
 
 from bt_agent.catalog import Catalog, checkpoint_prefix
 from bt_agent.records import JobRecord, Manifest, ManifestFile
@@ -147,3 +148,35 @@ def test_store_down_when_the_job_starts_and_when_it_ends(
     log = store.read_bytes("projects/default/jobs/oute001/logs/rank-0.log").decode()
     assert "trained" in log and "job oute001 COMPLETED (exit 0)" in log
     assert "the store is reachable again" in agent.output()
+
+
+def test_store_outage_of_20_seconds_loses_nothing(agent: Agent, own_s3: servers.SeaweedFS) -> None:
+    env = {**FAST, **own_s3.client_env()}
+    ledger = agent.root / "ledger.json"
+    flag = agent.root / "go"
+    command = (
+        f"{WRITER} {ledger} --steps 1 --size 2000000 && "
+        f"while [ ! -e {flag} ]; do sleep 0.1; done && "
+        f"{WRITER} {ledger}.2 --first 2 --steps 2 --size 3000000"
+    )
+    process = agent.start(
+        ckpt_job(command), "--job-id", "outg001", "--store", "s3://store/bt", env=env
+    )
+    store = open_store("s3://store/bt", Environ(env))
+    try:
+        wait_for(lambda: "checkpoint-1" in manifests(store, "default", "outg001"), 60, "commit 1")
+        own_s3.stop()
+        flag.touch()  # the trainer writes two more checkpoints while the store is down
+        time.sleep(20)
+        own_s3.start()
+        assert finish(process, 180, agent) == 0, agent.output()
+    finally:
+        if process.poll() is None:
+            process.kill()
+    written = {**json.loads(ledger.read_text()), **json.loads(Path(f"{ledger}.2").read_text())}
+    assert_store_holds(store, written, "outg001")
+    uploads = json.loads(store.read_bytes("projects/default/jobs/outg001/nodes/rank-0.json"))[
+        "uploads"
+    ]
+    assert uploads["failures"] > 0 and uploads["not_durable"] == []
+    assert "upload of checkpoint-2/" in agent.output() and "retrying" in agent.output()

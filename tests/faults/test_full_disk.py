@@ -1,6 +1,9 @@
-"""The checkpoint dir's file system runs full while a trainer saves into place (a 10 MiB tmpfs;
-mounting it needs root, as CI has): the cut-short checkpoint is never committed, the earlier
-and later ones are, and the agent says why in its log and in the node record."""
+"""Full disks (small tmpfs mounts; mounting needs root, as CI has).
+
+The node cache too small for the weights: DEPLOY_FAILED with a clear error, no cache entry,
+nothing mounted. The checkpoint dir's file system running full while a trainer saves into
+place: the cut-short checkpoint is never committed, the earlier and later ones are, and the
+agent says why in its log and in the node record."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import servers
 from conftest import Agent, small_tmpfs, trainer_job
 
 from bt_agent.catalog import Catalog
@@ -42,6 +46,29 @@ shutil.rmtree(os.path.join(root, "checkpoint-1"))
 save("checkpoint-3", 1 * MiB)
 time.sleep(1.5)
 """
+
+
+def test_a_node_cache_too_small_is_deploy_failed_with_nothing_partial(
+    agent: Agent, own_s3: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    client = own_s3.client()
+    client.put_object(Bucket="store", Key="model/big.bin", Body=bytes(3 * MiB))
+    client.put_object(Bucket="store", Key="model/small.bin", Body=b"s")
+    ran = agent.root / "ran"
+    job = {
+        "image": {"base_image": "x"},
+        "weights": [{"source": "s3://store/model", "mount_location": "/app/model"}],
+        "runtime": {"start_commands": [f"touch {ran}"]},
+    }
+    with small_tmpfs(tmp_path / "small-disk", "2m") as disk:
+        env = {**own_s3.client_env(), "BT_NODE_CACHE_DIR": str(disk / "cache")}
+        result = agent.run_job(job, env=env)
+        cache = disk / "cache"
+        entries = [p for p in cache.rglob("*") if p.is_file() and not p.name.endswith(".lock")]
+    assert result.code == 3, result.text
+    assert "not enough disk space in the node cache" in result.err
+    assert not ran.exists() and not (agent.node_root / "app" / "model").exists()
+    assert entries == [], "no partial or corrupt cache entry"
 
 
 @pytest.fixture
