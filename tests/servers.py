@@ -143,8 +143,11 @@ def seaweedfs(root: Path) -> SeaweedFS:
     data = root / "seaweedfs"
     (data / "logs").mkdir(parents=True, exist_ok=True)
     ports: set[int] = set()
+    taken: set[int] = set()  # each port's gRPC twin (port + 10000) must not be another's port
     for _ in range(5):
-        ports.add(free_port(ports))
+        port = free_port(taken)
+        ports.add(port)
+        taken |= {port, port + 10000, port - 10000}
     s3, master, filer, volume, admin = sorted(ports)
     argv = [
         weed,
