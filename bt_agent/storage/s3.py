@@ -1,4 +1,4 @@
-"""``s3://bucket/prefix`` (and ``r2://``): boto3, imported only when a store is opened.
+"""``s3://bucket/prefix`` (and ``r2://``): botocore, imported only when a store is opened.
 
 Uploads read each file once: the whole-file sha256 and each part's sha256 are computed from the
 same bytes, and every request carries ``ChecksumSHA256``, which the service verifies. Parts are
@@ -122,7 +122,9 @@ class S3Store(ObjectStore):
             return self._client
 
     def _make_client(self) -> Any:
-        import boto3
+        # botocore itself, not boto3: the same client, and 30-40 ms less to import and build,
+        # which is most of a warm start.
+        import botocore.session
         from botocore.config import Config
 
         config = Config(
@@ -142,13 +144,15 @@ class S3Store(ObjectStore):
             },
         )
         keys = self.keys
-        session = boto3.session.Session(
+        client = botocore.session.get_session().create_client(
+            "s3",
+            region_name=self.region,
+            endpoint_url=self.endpoint_url,
             aws_access_key_id=keys.access_key_id if keys else None,
             aws_secret_access_key=keys.secret_access_key if keys else None,
             aws_session_token=keys.session_token if keys else None,
-            region_name=self.region,
+            config=config,
         )
-        client = session.client("s3", endpoint_url=self.endpoint_url, config=config)
         # No "Expect: 100-continue": botocore asks for it on every body it can read (ours are
         # bytes it wraps), which costs a round trip per PUT, up to a second where a server never
         # answers it, and, seen with SeaweedFS, a response read as headerless that then hangs
