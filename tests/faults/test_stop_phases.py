@@ -15,7 +15,9 @@ import pytest
 import servers
 from conftest import BIN, Agent, finish, marked_processes, wait_for
 
-GRACE = 6.0
+# Long enough for a stop during staging, which is heard only between the store's own quick
+# retries (up to about 4 s against a source that refuses connections; see RELIABILITY.md).
+GRACE = 10.0
 SLACK = 1.0  # process start-up and exit, on top of the grace period
 STOPPED = 128 + signal.SIGTERM
 
