@@ -12,6 +12,9 @@ from bt_agent.storage.file import FileStore
 
 R2_ENDPOINT = "https://{account}.r2.cloudflarestorage.com"
 R2_ENDPOINT_VARIABLE = "BT_R2_ENDPOINT_URL"  # overrides the endpoint (tests, proxies)
+S3_DIRECT_VARIABLE = "BT_S3_DIRECT"  # "0": every S3 request through botocore
+#: Settings only botocore honours: where one is set, S3 requests all go through botocore.
+_SDK_ONLY = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "AWS_CA_BUNDLE")
 
 
 def open_store(
@@ -34,6 +37,7 @@ def open_store(
             parsed.path,
             keys=keys,
             endpoint_url=environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL"),
+            direct_requests=_direct_requests(environ),
         )
     if scheme == "r2":
         return _r2(url, environ, secret, secret_name)
@@ -73,5 +77,16 @@ def _r2(url: str, environ: Environ, secret: str | None, secret_name: str) -> Obj
     endpoint = environ.get(R2_ENDPOINT_VARIABLE) or R2_ENDPOINT.format(account=account)
     keys = s3_keys(secret, secret_name) if secret is not None else None
     return S3Store(
-        bucket, parsed.path, url=url.rstrip("/"), keys=keys, endpoint_url=endpoint, region="auto"
+        bucket,
+        parsed.path,
+        url=url.rstrip("/"),
+        keys=keys,
+        endpoint_url=endpoint,
+        region="auto",
+        direct_requests=_direct_requests(environ),
     )
+
+
+def _direct_requests(environ: Environ) -> bool:
+    """Whether S3 single-object requests may skip botocore (bt_agent.storage.s3_direct)."""
+    return environ.get(S3_DIRECT_VARIABLE) != "0" and not any(map(environ.get, _SDK_ONLY))

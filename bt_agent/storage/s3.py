@@ -14,10 +14,11 @@ import hashlib
 import math
 import os
 import threading
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bt_agent.errors import (
     AccessDeniedError,
@@ -29,10 +30,15 @@ from bt_agent.errors import (
 from bt_agent.storage.base import CHUNK, Fetched, ObjectInfo, ObjectStore
 from bt_agent.storage.credentials import S3Keys
 from bt_agent.storage.keys import join_key, relative_key
+from bt_agent.storage.s3_direct import DirectS3, Endpoint, NeedsSDK, NetworkError, Reply, read
+from bt_agent.storage.sigv4 import Keys, Signer
 
 MiB = 1024 * 1024
 MAX_PARTS = 10_000
 SHA256_META = "sha256"
+META_HEADER = "x-amz-meta-" + SHA256_META
+READ_TIMEOUT = 60.0
+T = TypeVar("T")
 _NOT_FOUND = {"NoSuchKey", "NoSuchBucket", "404", "NotFound"}
 _DENIED = {
     "AccessDenied",
@@ -42,6 +48,13 @@ _DENIED = {
     "InvalidToken",
     "ExpiredToken",
     "AllAccessDisabled",
+}
+_CONFLICT = {"PreconditionFailed", "ConditionalRequestConflict"}
+#: Answers that mean the request went to the wrong region: botocore knows how to follow them.
+_WRONG_REGION = {
+    "AuthorizationHeaderMalformed",
+    "PermanentRedirect",
+    "IllegalLocationConstraintException",
 }
 _CORRUPT = {"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch", "InvalidChecksum"}
 _RETRY = {
@@ -81,11 +94,35 @@ def _precondition_failed(exc: Exception) -> bool:
     response = getattr(exc, "response", None) or {}
     code = str(response.get("Error", {}).get("Code", ""))
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return code in ("PreconditionFailed", "ConditionalRequestConflict") or status == 412
+    return code in _CONFLICT or status == 412
 
 
 def _b64(digest: bytes) -> str:
     return base64.b64encode(digest).decode()
+
+
+class _Absent(Exception):
+    """A conditional write found an object there already."""
+
+
+def _object_info(key: str, headers: Mapping[str, str]) -> ObjectInfo:
+    """An object's info from the headers of a direct HEAD."""
+    return ObjectInfo(
+        key,
+        int(headers.get("content-length", 0)),
+        headers.get("etag", "").strip('"'),
+        headers.get(META_HEADER),
+    )
+
+
+def _write_chunks(target: Path, chunks: Iterable[bytes]) -> str:
+    """Write ``chunks`` into ``target``; the sha256 of what was written."""
+    digest = hashlib.sha256()
+    with open(target, "wb") as handle:
+        for chunk in chunks:
+            digest.update(chunk)
+            handle.write(chunk)
+    return digest.hexdigest()
 
 
 class S3Store(ObjectStore):
@@ -99,6 +136,7 @@ class S3Store(ObjectStore):
         keys: S3Keys | None = None,
         region: str | None = None,
         tuning: S3Tuning | None = None,
+        direct_requests: bool = True,
     ) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
@@ -107,7 +145,10 @@ class S3Store(ObjectStore):
         self.keys = keys
         self.region = region or (keys.region if keys else None)
         self.tuning = tuning or S3Tuning()
+        self.direct_requests = direct_requests
         self._client: Any = None
+        self._session: Any = None
+        self._direct: DirectS3 | None = None
         self._lock = threading.Lock()
         self._parts = ThreadPoolExecutor(self.tuning.concurrency, thread_name_prefix="bt-s3")
         self._in_flight = threading.BoundedSemaphore(self.tuning.concurrency)
@@ -119,7 +160,34 @@ class S3Store(ObjectStore):
         with self._lock:
             if self._client is None:
                 self._client = self._make_client()
+                self._direct = self._make_direct(self._client) if self.direct_requests else None
             return self._client
+
+    @property
+    def direct(self) -> DirectS3 | None:
+        """The direct path for single-object requests, None where botocore does them."""
+        self.client  # noqa: B018 (built together)
+        return self._direct
+
+    def _make_direct(self, client: Any) -> DirectS3 | None:
+        region = self.region or client.meta.region_name
+        endpoint = Endpoint.for_bucket(self.endpoint_url, self.bucket, region)
+        if endpoint is None:
+            return None
+        if self.keys is not None:
+            keys = Keys(
+                self.keys.access_key_id, self.keys.secret_access_key, self.keys.session_token
+            )
+            return DirectS3(endpoint, Signer(lambda: keys, region), timeout=READ_TIMEOUT)
+        credentials = self._session.get_credentials()  # resolved once already, for the client
+        if credentials is None:
+            return None  # botocore says what is missing
+
+        def current() -> Keys:
+            frozen = credentials.get_frozen_credentials()  # refreshed when they expire
+            return Keys(frozen.access_key, frozen.secret_key, frozen.token)
+
+        return DirectS3(endpoint, Signer(current, region), timeout=READ_TIMEOUT)
 
     def _make_client(self) -> Any:
         # botocore itself, not boto3: the same client, and 30-40 ms less to import and build,
@@ -131,7 +199,7 @@ class S3Store(ObjectStore):
             retries={"max_attempts": 1, "mode": "standard"},  # retried above, with jitter
             max_pool_connections=self.tuning.concurrency * 4,
             connect_timeout=10,
-            read_timeout=60,
+            read_timeout=READ_TIMEOUT,
             # Checksums only where we send them (SHA256): what R2 and other S3-alikes accept.
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
@@ -144,7 +212,8 @@ class S3Store(ObjectStore):
             },
         )
         keys = self.keys
-        client = botocore.session.get_session().create_client(
+        self._session = botocore.session.get_session()
+        client = self._session.create_client(
             "s3",
             region_name=self.region,
             endpoint_url=self.endpoint_url,
@@ -162,35 +231,46 @@ class S3Store(ObjectStore):
         client.meta.events.unregister("before-call.s3", add_expect_header)
         return client
 
+    def _classify(self, key: str, code: str, status: str, message: str) -> Exception:
+        """The typed error for an S3 error ``code`` and HTTP ``status``."""
+        uri = self.uri(key)
+        detail = f"{code or status}: {message}".rstrip(": ")
+        if code in _NOT_FOUND or status == "404":
+            return NotFoundError(
+                f"{uri} does not exist ({detail}); check the bucket and the path", uri
+            )
+        if code in _DENIED or status in ("401", "403"):
+            return AccessDeniedError(
+                f"{uri}: access denied ({detail}); check the credentials and the bucket's policy",
+                uri,
+            )
+        if code in _CORRUPT:
+            return IntegrityError(f"{uri}: the service rejected the checksum ({detail})", uri)
+        if code in _RETRY or status.startswith("5") or status == "429":
+            return TransientStoreError(f"{uri}: {detail}", uri)
+        return StoreError(f"{uri}: {detail}", uri)
+
+    def _unreachable(self, key: str, why: str) -> TransientStoreError:
+        where = self.endpoint_url or "the S3 endpoint"
+        return TransientStoreError(f"{self.uri(key)}: cannot reach {where} ({why})", self.uri(key))
+
     def _error(self, exc: Exception, key: str) -> Exception:
+        """The typed error for an exception of botocore or of the direct path."""
         from botocore import exceptions as bx
 
-        uri = self.uri(key)
+        if isinstance(exc, NetworkError):
+            return self._unreachable(key, str(exc))
         if isinstance(exc, bx.ClientError):
             error = exc.response.get("Error", {})
-            code = str(error.get("Code", ""))
             status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-            detail = f"{code or status}: {error.get('Message', '')}".rstrip(": ")
-            if code in _NOT_FOUND or status == "404":
-                return NotFoundError(
-                    f"{uri} does not exist ({detail}); check the bucket and the path", uri
-                )
-            if code in _DENIED or status in ("401", "403"):
-                return AccessDeniedError(
-                    f"{uri}: access denied ({detail}); check the "
-                    "credentials and the bucket's policy",
-                    uri,
-                )
-            if code in _CORRUPT:
-                return IntegrityError(f"{uri}: the service rejected the checksum ({detail})", uri)
-            if code in _RETRY or status.startswith("5") or status == "429":
-                return TransientStoreError(f"{uri}: {detail}", uri)
-            return StoreError(f"{uri}: {detail}", uri)
+            return self._classify(
+                key, str(error.get("Code", "")), status, str(error.get("Message", ""))
+            )
         if isinstance(exc, bx.NoCredentialsError | bx.PartialCredentialsError):
             return AccessDeniedError(
-                f"{uri}: no credentials; set AWS_ACCESS_KEY_ID and "
+                f"{self.uri(key)}: no credentials; set AWS_ACCESS_KEY_ID and "
                 "AWS_SECRET_ACCESS_KEY, or name a secret",
-                uri,
+                self.uri(key),
             )
         if isinstance(
             exc,
@@ -202,15 +282,34 @@ class S3Store(ObjectStore):
             | ConnectionError
             | TimeoutError,
         ):
-            where = self.endpoint_url or "the S3 endpoint"
-            return TransientStoreError(f"{uri}: cannot reach {where} ({type(exc).__name__})", uri)
+            return self._unreachable(key, type(exc).__name__)
         return exc
+
+    def _failed(self, reply: Reply, key: str) -> Exception:
+        """The typed error for a direct request's error answer."""
+        code, message = reply.error_code()
+        if code in _WRONG_REGION:
+            return NeedsSDK(code)
+        return self._classify(key, code, str(reply.status), message)
 
     def _call(self, key: str, operation: str, **kwargs: Any) -> Any:
         try:
             return getattr(self.client, operation)(Bucket=self.bucket, **kwargs)
         except Exception as exc:
             raise self._error(exc, key) from exc
+
+    def _either(self, key: str, direct: Callable[[DirectS3], T], sdk: Callable[[], T]) -> T:
+        """One single-object operation: the direct path where it can, else botocore; an
+        answer the direct path cannot settle switches this store to botocore for good."""
+        client = self.direct
+        if client is not None:
+            try:
+                return direct(client)
+            except NeedsSDK:
+                self._direct = None
+            except NetworkError as exc:
+                raise self._error(exc, key) from exc
+        return sdk()
 
     def _key(self, key: str) -> str:
         return join_key(self.prefix, key)
@@ -234,47 +333,80 @@ class S3Store(ObjectStore):
         return found
 
     def _stat(self, key: str) -> ObjectInfo:
-        head = self._call(key, "head_object", Key=self._key(key))
-        return ObjectInfo(
-            key,
-            int(head["ContentLength"]),
-            head["ETag"].strip('"'),
-            head.get("Metadata", {}).get(SHA256_META),
-        )
+        def direct(client: DirectS3) -> ObjectInfo:
+            reply = client.request("HEAD", self._key(key))
+            if reply.status != 200:
+                raise self._failed(reply, key)
+            return _object_info(key, reply.headers)
+
+        def sdk() -> ObjectInfo:
+            head = self._call(key, "head_object", Key=self._key(key))
+            return ObjectInfo(
+                key,
+                int(head["ContentLength"]),
+                head["ETag"].strip('"'),
+                head.get("Metadata", {}).get(SHA256_META),
+            )
+
+        return self._either(key, direct, sdk)
 
     def _read_range(self, key: str, start: int, length: int) -> bytes:
-        response = self._call(
-            key, "get_object", Key=self._key(key), Range=f"bytes={start}-{start + length - 1}"
-        )
-        try:
-            return bytes(response["Body"].read())
-        except Exception as exc:
-            raise self._error(exc, key) from exc
+        span = f"bytes={start}-{start + length - 1}"
+
+        def direct(client: DirectS3) -> bytes:
+            reply = client.request("GET", self._key(key), {"range": span})
+            if reply.status not in (200, 206):
+                raise self._failed(reply, key)
+            return reply.body
+
+        def sdk() -> bytes:
+            response = self._call(key, "get_object", Key=self._key(key), Range=span)
+            try:
+                return bytes(response["Body"].read())
+            except Exception as exc:
+                raise self._error(exc, key) from exc
+
+        return self._either(key, direct, sdk)
 
     def _download(self, key: str, target: Path, size: int | None) -> Fetched:
         """One streamed GET for objects up to the multipart threshold (its response carries
         the metadata), ranged GETs in parallel above it."""
         if size is not None and size > self.tuning.multipart_threshold:
-            head = self._call(key, "head_object", Key=self._key(key))
-            self._download_ranges(key, target, int(head["ContentLength"]))
-            return Fetched(head.get("Metadata", {}).get(SHA256_META), None)
+            info = self._stat(key)
+            self._download_ranges(key, target, info.size)
+            return Fetched(info.sha256, None)
+        fetched = self._either(
+            key,
+            lambda client: self._download_direct(client, key, target),
+            lambda: self._download_sdk(key, target),
+        )
+        if fetched is None:  # larger than announced: go parallel
+            info = self._stat(key)
+            self._download_ranges(key, target, info.size)
+            return Fetched(info.sha256, None)
+        return fetched
+
+    def _download_direct(self, client: DirectS3, key: str, target: Path) -> Fetched | None:
+        with client.open("GET", self._key(key)) as response:
+            if response.status != 200:
+                raise self._failed(Reply(response.status, {}, read(response)), key)
+            if int(response.getheader("content-length") or 0) > self.tuning.multipart_threshold:
+                return None
+            claimed = response.getheader(META_HEADER)
+            return Fetched(claimed, _write_chunks(target, iter(lambda: read(response, CHUNK), b"")))
+
+    def _download_sdk(self, key: str, target: Path) -> Fetched | None:
         response = self._call(key, "get_object", Key=self._key(key))
-        total = int(response["ContentLength"])
-        if total > self.tuning.multipart_threshold:  # the size was not known: go parallel
+        if int(response["ContentLength"]) > self.tuning.multipart_threshold:
             response["Body"].close()
-            self._download_ranges(key, target, total)
-            return Fetched(response.get("Metadata", {}).get(SHA256_META), None)
-        digest = hashlib.sha256()
+            return None
         try:
-            with open(target, "wb") as handle:
-                for chunk in response["Body"].iter_chunks(CHUNK):
-                    digest.update(chunk)
-                    handle.write(chunk)
+            computed = _write_chunks(target, response["Body"].iter_chunks(CHUNK))
         except OSError:
             raise
         except Exception as exc:
             raise self._error(exc, key) from exc
-        return Fetched(response.get("Metadata", {}).get(SHA256_META), digest.hexdigest())
+        return Fetched(response.get("Metadata", {}).get(SHA256_META), computed)
 
     def _download_ranges(self, key: str, target: Path, size: int) -> None:
         part = self.tuning.part_size_for(size)
@@ -300,16 +432,9 @@ class S3Store(ObjectStore):
         size = path.stat().st_size
         if size <= self.tuning.upload_part_size:
             data = path.read_bytes()
-            digest = hashlib.sha256(data)
-            self._call(
-                key,
-                "put_object",
-                Key=self._key(key),
-                Body=data,
-                ChecksumSHA256=_b64(digest.digest()),
-                Metadata={SHA256_META: digest.hexdigest()},
-            )
-            return digest.hexdigest()
+            digest = hashlib.sha256(data).hexdigest()
+            self._put_object(key, data, digest)
+            return digest
         return self._upload_parts(path, key, size)
 
     def _upload_parts(self, path: Path, key: str, size: int) -> str:
@@ -367,22 +492,50 @@ class S3Store(ObjectStore):
 
     def _put(self, key: str, data: bytes, if_absent: bool) -> bool:
         """A small object; ``if_absent`` uses a conditional write (``If-None-Match: *``)."""
-        digest = hashlib.sha256(data)
-        extra = {"IfNoneMatch": "*"} if if_absent else {}
         try:
-            self.client.put_object(
-                Bucket=self.bucket,
-                Key=self._key(key),
-                Body=data,
-                ChecksumSHA256=_b64(digest.digest()),
-                Metadata={SHA256_META: digest.hexdigest()},
-                **extra,
-            )
-        except Exception as exc:
-            if if_absent and _precondition_failed(exc):
-                return False
-            raise self._error(exc, key) from exc
+            self._put_object(key, data, hashlib.sha256(data).hexdigest(), if_absent)
+        except _Absent:
+            return False
         return True
 
+    def _put_object(self, key: str, data: bytes, sha256: str, if_absent: bool = False) -> None:
+        """One PUT with the content's checksum, which the service verifies; :class:`_Absent`
+        when ``if_absent`` and an object is there already."""
+        checksum = _b64(bytes.fromhex(sha256))
+
+        def direct(client: DirectS3) -> None:
+            headers = {"x-amz-checksum-sha256": checksum, META_HEADER: sha256}
+            if if_absent:
+                headers["if-none-match"] = "*"
+            reply = client.request("PUT", self._key(key), headers, data)
+            if reply.status == 200:
+                return
+            if if_absent and (reply.status == 412 or reply.error_code()[0] in _CONFLICT):
+                raise _Absent
+            raise self._failed(reply, key)
+
+        def sdk() -> None:
+            extra = {"IfNoneMatch": "*"} if if_absent else {}
+            try:
+                self.client.put_object(
+                    Bucket=self.bucket,
+                    Key=self._key(key),
+                    Body=data,
+                    ChecksumSHA256=checksum,
+                    Metadata={SHA256_META: sha256},
+                    **extra,
+                )
+            except Exception as exc:
+                if if_absent and _precondition_failed(exc):
+                    raise _Absent from exc
+                raise self._error(exc, key) from exc
+
+        self._either(key, direct, sdk)
+
     def _delete(self, key: str) -> None:
-        self._call(key, "delete_object", Key=self._key(key))
+        def direct(client: DirectS3) -> None:
+            reply = client.request("DELETE", self._key(key))
+            if reply.status not in (200, 204):
+                raise self._failed(reply, key)
+
+        self._either(key, direct, lambda: self._call(key, "delete_object", Key=self._key(key)))

@@ -1,0 +1,140 @@
+"""The direct S3 path (bt_agent.storage.s3_direct): its signatures, its fallback, its connections.
+
+Its requests against a real server are covered by the conformance suite of test_storage.py
+("s3" and "r2" use it, "s3-sdk" does not). Here: the signature against botocore's own signer,
+and two answers SeaweedFS does not give on demand, played by a small local HTTP server (a
+stand-in, said so in each test): AWS's redirect of a bucket in another region, and a server that
+closes a keep-alive connection between requests.
+"""
+
+from __future__ import annotations
+
+import calendar
+import http.server
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bt_agent.storage.credentials import S3Keys
+from bt_agent.storage.retry import RetryPolicy
+from bt_agent.storage.s3 import S3Store
+from bt_agent.storage.s3_direct import Endpoint
+from bt_agent.storage.sigv4 import Keys, Signer, canonical_path
+
+
+@pytest.mark.parametrize("token", [None, "session-token-value"])
+@pytest.mark.parametrize("key", ["model.safetensors", "a b/ünï+c=d&e.bin"])
+def test_signature_is_the_one_botocore_computes(token: str | None, key: str) -> None:
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.config import Config
+    from botocore.credentials import Credentials
+
+    host = "bucket.s3.eu-west-1.amazonaws.com"
+    path = canonical_path(f"/{key}")
+    headers = {"x-amz-checksum-sha256": "n4bQgYhMfWWaL+qgxVrQFaO/TxsrC4Is0V1sFbDwCgg="}
+    request = AWSRequest("PUT", f"https://{host}{path}", headers=dict(headers), data=b"content")
+    request.context["client_config"] = Config(s3={"payload_signing_enabled": False})
+    S3SigV4Auth(Credentials("AKIDEXAMPLE", "secret", token), "s3", "eu-west-1").add_auth(request)
+    stamp = request.headers["X-Amz-Date"]
+    at = calendar.timegm(time.strptime(stamp, "%Y%m%dT%H%M%SZ"))
+
+    ours = Signer(lambda: Keys("AKIDEXAMPLE", "secret", token), "eu-west-1", clock=lambda: at)
+    signed = ours.sign("PUT", host, path, headers)
+
+    assert request.headers["X-Amz-Content-SHA256"] == "UNSIGNED-PAYLOAD"
+    assert signed["authorization"] == request.headers["Authorization"]
+
+
+def test_endpoints() -> None:
+    assert Endpoint.for_bucket("http://127.0.0.1:8333", "b", "us-east-1") == Endpoint(
+        "http", "127.0.0.1:8333", "/b"
+    )
+    assert Endpoint.for_bucket(None, "models", "eu-west-1") == Endpoint(
+        "https", "models.s3.eu-west-1.amazonaws.com", ""
+    )
+    # Names that cannot be a host name, and no region: botocore's rules decide.
+    assert Endpoint.for_bucket(None, "my.models", "eu-west-1") is None
+    assert Endpoint.for_bucket(None, "models", "aws-global") is None
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Answers every request with ``answer`` (status, XML body, close the connection after?)."""
+
+    protocol_version = "HTTP/1.1"
+    answer: tuple[int, bytes, bool] = (200, b"", False)
+    seen: list[str] = []
+
+    def _reply(self) -> None:
+        self.seen.append(f"{self.command} {self.headers.get('User-Agent', '')}")
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        status, body, close = self.answer
+        if "Botocore" in self.headers.get("User-Agent", ""):
+            status, body = 200, b""  # the SDK, after a redirect: where the bucket is
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("ETag", '"etag"')
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        self.wfile.flush()
+        if close:  # without saying so: the client finds out when it reuses the connection
+            self.close_connection = True
+
+    do_GET = do_PUT = do_HEAD = _reply
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def stub() -> Iterator[tuple[type[_Recorder], str]]:
+    handler = type("Handler", (_Recorder,), {"seen": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield handler, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _store(endpoint: str) -> S3Store:
+    store = S3Store("bucket", "p", endpoint_url=endpoint, keys=S3Keys("id", "secret", "us-east-1"))
+    store.policy = RetryPolicy(attempts=1)  # no retry above: what happens is this path's own
+    return store
+
+
+def test_a_redirect_hands_the_store_to_botocore(stub: tuple[type[_Recorder], str]) -> None:
+    """Stand-in for AWS answering a request sent to the bucket's wrong region (301 and
+    PermanentRedirect) and answering botocore, which follows redirects, where it is: the store
+    goes on through botocore."""
+    handler, endpoint = stub
+    handler.answer = (301, b"<Error><Code>PermanentRedirect</Code></Error>", False)
+    store = _store(endpoint)
+    assert store.direct is not None
+    assert store.stat("model.bin").version == "etag"
+    assert store.direct is None
+    assert store.write_bytes("other.bin", b"data")
+    assert "Botocore" not in handler.seen[0]
+    assert all("Botocore" in line for line in handler.seen[1:]), handler.seen
+
+
+def test_a_connection_closed_by_the_server_is_reopened(
+    stub: tuple[type[_Recorder], str], tmp_path: Path
+) -> None:
+    """Stand-in for a server that drops idle keep-alive connections: the next request on the
+    dropped connection fails to send or gets no answer; it is sent again on a new one."""
+    handler, endpoint = stub
+    handler.answer = (200, b"", True)
+    store = _store(endpoint)
+    for name in ("a.bin", "b.bin", "c.bin"):
+        assert store.write_bytes(name, b"data")
+    assert store.stat("a.bin").version == "etag"
+    assert [line.split()[0] for line in handler.seen] == ["PUT", "PUT", "PUT", "HEAD"]
+    assert not any("Botocore" in line for line in handler.seen)
