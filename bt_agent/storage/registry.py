@@ -14,7 +14,8 @@ R2_ENDPOINT = "https://{account}.r2.cloudflarestorage.com"
 R2_ENDPOINT_VARIABLE = "BT_R2_ENDPOINT_URL"  # overrides the endpoint (tests, proxies)
 S3_DIRECT_VARIABLE = "BT_S3_DIRECT"  # "0": every S3 request through botocore
 #: Settings only botocore honours: where one is set, S3 requests all go through botocore.
-_SDK_ONLY = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "AWS_CA_BUNDLE")
+_SDK_ONLY = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
+CA_BUNDLE_VARIABLE = "AWS_CA_BUNDLE"  # trusted by botocore and by the direct path alike
 
 
 def open_store(
@@ -38,6 +39,7 @@ def open_store(
             keys=keys,
             endpoint_url=environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL"),
             direct_requests=_direct_requests(environ),
+            ca_bundle=environ.get(CA_BUNDLE_VARIABLE),
         )
     if scheme == "r2":
         return _r2(url, environ, secret, secret_name)
@@ -84,6 +86,7 @@ def _r2(url: str, environ: Environ, secret: str | None, secret_name: str) -> Obj
         endpoint_url=endpoint,
         region="auto",
         direct_requests=_direct_requests(environ),
+        ca_bundle=environ.get(CA_BUNDLE_VARIABLE),
     )
 
 

@@ -80,12 +80,20 @@ class Endpoint:
 class DirectS3:
     """One bucket's single-object requests, signed by ``signer``."""
 
-    def __init__(self, endpoint: Endpoint, signer: Signer, timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        signer: Signer,
+        timeout: float = 60.0,
+        ca_file: str | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self.signer = signer
         self.timeout = timeout
         self._local = threading.local()
-        self._tls = ssl.create_default_context() if endpoint.scheme == "https" else None
+        self._tls = (
+            ssl.create_default_context(cafile=ca_file) if endpoint.scheme == "https" else None
+        )
 
     def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
         """This thread's connection, and whether it was used before."""
@@ -164,5 +172,13 @@ def read(response: http.client.HTTPResponse, size: int = -1) -> bytes:
     :class:`NetworkError`."""
     try:
         return response.read() if size < 0 else response.read(size)
+    except (OSError, http.client.HTTPException) as exc:
+        raise NetworkError(type(exc).__name__) from exc
+
+
+def read_into(response: http.client.HTTPResponse, view: memoryview) -> int:
+    """Fill ``view`` from the body as far as it goes; the count (0 at its end)."""
+    try:
+        return response.readinto(view)
     except (OSError, http.client.HTTPException) as exc:
         raise NetworkError(type(exc).__name__) from exc
