@@ -1,7 +1,9 @@
 """The node cache: content-addressed files shared by every job on the node.
 
-An entry is filled only by an atomic rename (the storage layer's download), under a per-entry
-file lock, so two agents staging the same source fetch it once and neither sees a partial file.
+An entry is filled only by an atomic rename (the storage layer's download), under a file lock,
+so two agents staging the same source fetch it once and neither sees a partial file. Locks are
+striped (entries sharing the first three hex digits share one of 4,096 lock files): a lock file
+per entry would create a second inode for every file fetched, which costs as much as the file.
 Mounts are hard links to entries: an entry whose link count is above one is mounted by some job
 and is never evicted. Least recently used entries go first when the cache is over its budget.
 """
@@ -20,7 +22,8 @@ from pathlib import Path
 
 from bt_agent.settings import NODE_CACHE_CONTAINER_DIR
 
-#: The node cache, as a container path (mapped under the node root on local runs).
+#: Hex digits of an entry id that pick its lock file.
+LOCK_STRIPE_DIGITS = 3
 
 
 def copy_atomic(source: Path, target: Path) -> None:
@@ -61,13 +64,18 @@ class NodeCache:
 
     @contextmanager
     def _locked(self, entry: str) -> Iterator[None]:
-        self.locks.mkdir(parents=True, exist_ok=True)
-        with open(self.locks / f"{entry}.lock", "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        """Held by one thread of one process at a time (each open is its own lock holder)."""
+        path = self.locks / f"{entry[:LOCK_STRIPE_DIGITS]}.lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:
+            self.locks.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def has(self, entry: str) -> bool:
         return self.path(entry).is_file()
@@ -83,7 +91,8 @@ class NodeCache:
             if path.is_file():  # another agent filled it while we waited
                 self.touch(path)
                 return path, True
-            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.parent.is_dir():
+                path.parent.mkdir(parents=True, exist_ok=True)
             fill(path)
             path.chmod(0o444)
         return path, False

@@ -141,8 +141,9 @@ class WeightsStager:
 
     def stage(self, sources: list[WeightsSource]) -> list[SourcePlan]:
         plans = [self._plan(i, w) for i, w in enumerate(sources)]
-        for plan in plans:
-            self._fetch(plan)
+        misses = [self._say_plan(plan) for plan in plans]
+        for plan, missing in zip(plans, misses, strict=True):
+            self._fetch(plan, missing)
             self._mount(plan)
         return plans
 
@@ -170,16 +171,20 @@ class WeightsStager:
                     "no file matches; check the source path and allow_patterns/ignore_patterns"
                 ),
             )
-        misses = [f for f in plan.files if not self.cache.has(f.entry)]
-        self.log.info(
-            f"weights[{index}] {plan.pinned}: {len(plan.files)} files, {_mb(plan.size)}; "
-            f"{len(plan.files) - len(misses)} in the node cache, {len(misses)} to fetch "
-            f"({_mb(sum(f.info.size for f in misses))}) -> {weights.mount_location}"
-        )
         return plan
 
-    def _fetch(self, plan: SourcePlan) -> None:
+    def _say_plan(self, plan: SourcePlan) -> list[PlannedFile]:
+        """Log what the plan holds and what the node cache lacks; return the latter."""
         misses = [f for f in plan.files if not self.cache.has(f.entry)]
+        self.log.info(
+            f"weights[{plan.index}] {plan.pinned}: {len(plan.files)} files, {_mb(plan.size)}; "
+            f"{len(plan.files) - len(misses)} in the node cache, {len(misses)} to fetch "
+            f"({_mb(sum(f.info.size for f in misses))}) -> {plan.weights.mount_location}"
+        )
+        return misses
+
+    def _fetch(self, plan: SourcePlan, misses: list[PlannedFile]) -> None:
+        """Fill the node cache with ``misses`` (another agent may fill some meanwhile)."""
         if not misses:
             return
         need = sum(f.info.size for f in misses)
@@ -243,10 +248,13 @@ class WeightsStager:
         mount = plan.mount
         staging = mount.with_name(f".{mount.name}.staging-{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
+        made: set[Path] = set()
         try:
             for item in plan.files:
                 target = staging.joinpath(*item.relative.split("/"))
-                target.parent.mkdir(parents=True, exist_ok=True)
+                if target.parent not in made:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    made.add(target.parent)
                 _link_or_copy(self.cache.path(item.entry), target)
             _replace_dir(staging, mount)
         except OSError as exc:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import os
-import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +23,7 @@ from bt_agent.storage.keys import check_key, join_key
 from bt_agent.storage.retry import DEFAULT_POLICY, RetryPolicy, retry
 
 CHUNK = 1024 * 1024
+_partials = itertools.count()  # names this process's partial files apart (with its pid)
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,9 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def _download(self, key: str, target: Path, size: int | None) -> Fetched:
-        """Write the whole object into ``target`` (an empty file that exists). ``size`` is the
-        object's size when the caller knows it (from a listing), else None."""
+        """Write the whole object into ``target``, creating it or replacing what an earlier
+        attempt left there. ``size`` is the object's size when the caller knows it (from a
+        listing), else None."""
 
     def _upload(self, path: Path, key: str) -> str:
         """Store the file's content, sending a checksum the service verifies where it can;
@@ -160,22 +162,20 @@ class ObjectStore(ABC):
         """Fetch ``key`` to ``destination`` atomically: a unique ``*.incomplete`` file beside it,
         verified (size always; sha256 when known), then renamed into place."""
         check_key(key)
-        destination.parent.mkdir(parents=True, exist_ok=True)
+        if not destination.parent.is_dir():
+            destination.parent.mkdir(parents=True, exist_ok=True)
         partial = destination.with_name(
-            f".{destination.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.incomplete"
+            f".{destination.name}.{os.getpid()}.{next(_partials)}.incomplete"
         )
         try:
             size = expected.size if expected is not None else None
-            fetched = retry(lambda: self._fetch_into(key, partial, size), self.policy)
+            fetched = retry(lambda: self._download(key, partial, size), self.policy)
             self._verify(key, partial, expected, fetched)
             os.replace(partial, destination)
-        finally:
+        except BaseException:
             partial.unlink(missing_ok=True)
+            raise
         return destination
-
-    def _fetch_into(self, key: str, partial: Path, size: int | None) -> Fetched:
-        partial.write_bytes(b"")  # a retry starts from an empty file
-        return self._download(key, partial, size)
 
     def _verify(self, key: str, path: Path, expected: ObjectInfo | None, fetched: Fetched) -> None:
         size = path.stat().st_size

@@ -240,6 +240,11 @@ class S3Store(ObjectStore):
         )
         keys = self.keys
         self._session = botocore.session.get_session()
+        # Timestamps stay text: nothing here reads them, and parsing each listed object's
+        # LastModified with dateutil costs about 0.1 ms per object.
+        self._session.get_component("response_parser_factory").set_parser_defaults(
+            timestamp_parser=str
+        )
         client = self._session.create_client(
             "s3",
             region_name=self.region,
@@ -437,7 +442,7 @@ class S3Store(ObjectStore):
 
     def _download_ranges(self, key: str, target: Path, size: int) -> None:
         part = self.tuning.part_size_for(size)
-        fd = os.open(target, os.O_WRONLY)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT, 0o644)
         futures = []
         try:
             os.ftruncate(fd, size)
