@@ -17,6 +17,7 @@ import servers
 from bt_agent.errors import TransientStoreError
 from bt_agent.settings import Environ
 from bt_agent.storage import open_store
+from bt_agent.storage.budget import ByteBudget
 from bt_agent.storage.retry import RetryPolicy, retry
 from bt_agent.storage.s3 import S3Store, S3Tuning
 
@@ -69,6 +70,12 @@ def test_store_killed_mid_upload_gives_a_clear_error(
     message = str(caught.value)
     assert "gave up after 3 attempts" in message and store.uri("model.bin") in message
     assert time.monotonic() - started < 60
+    # Every part's memory is given back, those cancelled before they started included: the
+    # next upload must not wait for bytes nobody holds.
+    deadline = time.monotonic() + 30
+    while store._memory.held and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert store._memory.held == 0
 
 
 def test_store_back_within_the_retries_completes_the_upload(
@@ -88,6 +95,29 @@ def test_store_back_within_the_retries_completes_the_upload(
     reviver.join()
     assert result.sha256 == hashlib.sha256(source.read_bytes()).hexdigest()
     assert store.read_bytes("model.bin") == source.read_bytes()
+
+
+def test_byte_budget_bounds_what_is_held_at_once() -> None:
+    budget = ByteBudget(10)
+    peak = 0
+    lock = threading.Lock()
+
+    def hold(size: int) -> None:
+        nonlocal peak
+        with budget.holding(size):
+            with lock:
+                peak = max(peak, budget.held)
+            time.sleep(0.01)
+
+    threads = [threading.Thread(target=hold, args=(size,)) for size in [3, 4, 5, 6, 1, 2] * 5]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert 6 <= peak <= 10 and budget.held == 0
+    with budget.holding(1000):  # more than the whole budget: takes all of it, still served
+        assert budget.held == 10
+    assert budget.held == 0
 
 
 def test_retry_backs_off_with_capped_jitter() -> None:

@@ -56,12 +56,15 @@ TICK = 0.1
 #: time proportional to the files waiting, so many small uploads must not mean as many steps.
 MIN_STEP = 0.02
 MiB = 1024 * 1024
+#: At most this many files queued for upload, and QUEUE_BYTES per worker (see Sidecar._room).
+QUEUE_FILES = 512
+QUEUE_BYTES = 16 * MiB
 
 
 @dataclass(frozen=True)
 class SidecarSettings:
     quiet_seconds: float = 0.5  # no change for this long: a file is ready, a checkpoint complete
-    workers: int = 4  # uploads at a time (S3 parts of one upload run in parallel on top)
+    workers: int = 16  # uploads at a time; memory is bounded by the store, not by this
     backlog_interval: float = 30.0  # seconds between backlog lines while uploads wait
     retry_cap: float = 30.0  # longest wait between two attempts of a failed upload
     drain_seconds: float = 1800.0  # the drain's limit when the commands end on their own
@@ -132,7 +135,8 @@ class _Round:
 @dataclass
 class _State:
     pending: dict[str, float] = field(default_factory=dict)  # file -> when it may go
-    in_flight: set[str] = field(default_factory=set)
+    in_flight: dict[str, int] = field(default_factory=dict)  # file -> its size
+    in_flight_bytes: int = 0
     durable: dict[str, tuple[FileSig, str]] = field(default_factory=dict)
     attempts: dict[str, int] = field(default_factory=dict)
     touched: dict[str, float] = field(default_factory=dict)  # checkpoint -> last change
@@ -301,22 +305,30 @@ class Sidecar:
 
     def _submit(self, now: float) -> None:
         state = self._state
-        # A short queue keeps "newest first" meaningful, yet long enough that the workers never
-        # wait for the coordinator's next step.
-        limit = self.settings.workers * 8
-        if len(state.in_flight) >= limit:
+        if not self._room():
             return
         ready = [r for r, due in state.pending.items() if due <= now and r not in state.in_flight]
-        while ready and len(state.in_flight) < limit:
+        while ready and self._room():
             # Only the first few in "newest checkpoint first" order: a full sort per step would
             # cost more than the uploads of many small files.
-            batch = heapq.nsmallest(2 * limit, ready, key=self._priority)
+            batch = heapq.nsmallest(QUEUE_FILES, ready, key=self._priority)
             chosen = set(batch)
             ready = [r for r in ready if r not in chosen]
             for relative in batch:
-                if len(state.in_flight) >= limit:
+                if not self._room():
                     return
                 self._consider(relative, now)
+
+    def _room(self) -> bool:
+        """Whether the queue takes another file: always while a worker could be idle, then
+        up to QUEUE_FILES files and QUEUE_BYTES per worker. A queue of many small files keeps
+        the workers busy between the coordinator's steps; a short one in bytes keeps "newest
+        checkpoint first" meaningful for large files."""
+        state = self._state
+        workers = self.settings.workers
+        if len(state.in_flight) < 2 * workers:
+            return True
+        return len(state.in_flight) < QUEUE_FILES and state.in_flight_bytes < QUEUE_BYTES * workers
 
     def _priority(self, relative: str) -> tuple[int, str]:
         return (-self._state.newest.get(checkpoint_of(relative), 0), relative)
@@ -343,7 +355,8 @@ class Sidecar:
         if known is not None and checkpoint in state.commits:
             self._uncommit(checkpoint)  # its manifest would name content about to change
         del state.pending[relative]
-        state.in_flight.add(relative)
+        state.in_flight[relative] = found.sig.size
+        state.in_flight_bytes += found.sig.size
         state.rounds.setdefault(checkpoint, _Round(now))
         self._work.put(found)
 
@@ -369,7 +382,7 @@ class Sidecar:
             except queue.Empty:
                 break
             relative = done.file.relative
-            state.in_flight.discard(relative)
+            state.in_flight_bytes -= state.in_flight.pop(relative, 0)
             if done.error is not None:
                 self._failed(done, now)
             elif not isinstance(done.after, Candidate):

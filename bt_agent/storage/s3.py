@@ -28,6 +28,7 @@ from bt_agent.errors import (
     TransientStoreError,
 )
 from bt_agent.storage.base import CHUNK, Fetched, ObjectInfo, ObjectStore
+from bt_agent.storage.budget import ByteBudget
 from bt_agent.storage.credentials import S3Keys
 from bt_agent.storage.keys import join_key, relative_key
 from bt_agent.storage.s3_direct import (
@@ -164,7 +165,8 @@ class S3Store(ObjectStore):
         self._direct: DirectS3 | None = None
         self._lock = threading.Lock()
         self._parts = ThreadPoolExecutor(self.tuning.concurrency, thread_name_prefix="bt-s3")
-        self._in_flight = threading.BoundedSemaphore(self.tuning.concurrency)
+        # Bytes read for uploads and not yet sent, whatever the number of uploads at once.
+        self._memory = ByteBudget(self.tuning.concurrency * self.tuning.upload_part_size)
         self._buffers = threading.local()
 
     # --- the SDK boundary --------------------------------------------------------------------
@@ -505,9 +507,10 @@ class S3Store(ObjectStore):
     def _upload(self, path: Path, key: str) -> str:
         size = path.stat().st_size
         if size <= self.tuning.upload_part_size:
-            data = path.read_bytes()
-            digest = hashlib.sha256(data).hexdigest()
-            self._put_object(key, data, digest)
+            with self._memory.holding(size):
+                data = path.read_bytes()
+                digest = hashlib.sha256(data).hexdigest()
+                self._put_object(key, data, digest)
             return digest
         return self._upload_parts(path, key, size)
 
@@ -519,13 +522,16 @@ class S3Store(ObjectStore):
         upload_id = upload["UploadId"]
         whole = hashlib.sha256()
         futures: list[Future[dict[str, Any]]] = []
+        taken: list[int] = []
         try:
             with open(path, "rb") as handle:
                 for number in range(1, math.ceil(size / part_size) + 1):
-                    self._in_flight.acquire()  # backpressure: bounded memory
+                    taken.append(self._memory.acquire(part_size))  # backpressure
                     data = handle.read(part_size)
                     whole.update(data)
-                    futures.append(self._parts.submit(self._put_part, key, upload_id, number, data))
+                    futures.append(
+                        self._parts.submit(self._put_part, key, upload_id, number, data, taken[-1])
+                    )
             parts = [future.result() for future in futures]
             self._call(
                 key,
@@ -535,13 +541,18 @@ class S3Store(ObjectStore):
                 MultipartUpload={"Parts": parts},
             )
         except BaseException:
-            for future in futures:
-                future.cancel()
+            for future, held in zip(futures, taken, strict=False):
+                if future.cancel():
+                    self._memory.release(held)  # never started: its worker cannot give it back
+            if len(taken) > len(futures):
+                self._memory.release(taken[-1])  # read, never submitted
             self._abort(key, upload_id)
             raise
         return whole.hexdigest()
 
-    def _put_part(self, key: str, upload_id: str, number: int, data: bytes) -> dict[str, Any]:
+    def _put_part(
+        self, key: str, upload_id: str, number: int, data: bytes, held: int
+    ) -> dict[str, Any]:
         try:
             checksum = _b64(hashlib.sha256(data).digest())
             response = self._call(
@@ -555,7 +566,7 @@ class S3Store(ObjectStore):
             )
             return {"PartNumber": number, "ETag": response["ETag"], "ChecksumSHA256": checksum}
         finally:
-            self._in_flight.release()
+            self._memory.release(held)
 
     def _abort(self, key: str, upload_id: str) -> None:
         # Best effort: what an abort cannot reach, the bucket's lifecycle rule reclaims.
