@@ -551,10 +551,14 @@ class Sidecar:
 
 
 def _lower_priority(increment: int) -> None:
-    """Lower the calling thread's CPU priority (on Linux, niceness is per thread)."""
+    """Lower the calling thread's CPU priority (on Linux, per thread; threads it starts inherit
+    it): ``SCHED_IDLE`` where the system has it, so that the uploads run on what the training
+    leaves of the CPUs, and ``increment`` more niceness besides."""
     with contextlib.suppress(OSError, AttributeError):
         tid = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
+    with contextlib.suppress(OSError, AttributeError):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
 def _signature(files: list[tuple[str, FileSig, str]]) -> str:
