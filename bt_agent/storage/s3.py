@@ -87,13 +87,15 @@ _RETRY = {
 class S3Tuning:
     """Transfer settings. Part sizes grow for very large files to stay under 10,000 parts.
 
-    Uploads hold ``concurrency x upload_part_size`` in memory at most (64 MiB by default: the
-    checkpoint sidecar runs beside training), downloads ``concurrency x part_size``."""
+    Uploads hold ``upload_memory`` bytes of file content at most, whatever the number of
+    uploads at once (the checkpoint sidecar runs beside training); ranged downloads pass
+    through a small buffer per thread."""
 
     multipart_threshold: int = 16 * MiB  # downloads above this: parallel ranged GETs
     part_size: int = 16 * MiB  # the range of each
     upload_part_size: int = 8 * MiB  # uploads above this: multipart, in parts of this size
-    concurrency: int = 8  # parts in flight per store (bounds memory) and HTTP connections
+    concurrency: int = 8  # parts in flight per store and HTTP connections
+    upload_memory: int = 32 * MiB  # file content read and not yet sent, for all uploads
     list_page_size: int = 1000
 
     def part_size_for(self, size: int, upload: bool = False) -> int:
@@ -166,7 +168,7 @@ class S3Store(ObjectStore):
         self._lock = threading.Lock()
         self._parts = ThreadPoolExecutor(self.tuning.concurrency, thread_name_prefix="bt-s3")
         # Bytes read for uploads and not yet sent, whatever the number of uploads at once.
-        self._memory = ByteBudget(self.tuning.concurrency * self.tuning.upload_part_size)
+        self._memory = ByteBudget(self.tuning.upload_memory)
         self._buffers = threading.local()
 
     # --- the SDK boundary --------------------------------------------------------------------
