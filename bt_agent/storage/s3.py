@@ -407,19 +407,17 @@ class S3Store(ObjectStore):
     def _download(self, key: str, target: Path, size: int | None) -> Fetched:
         """One streamed GET for objects up to the multipart threshold (its response carries
         the metadata), ranged GETs in parallel above it."""
-        if size is not None and size > self.tuning.multipart_threshold:
+        fetched = None
+        if size is None or size <= self.tuning.multipart_threshold:
+            fetched = self._either(
+                key,
+                lambda client: self._download_direct(client, key, target),
+                lambda: self._download_sdk(key, target),
+            )
+        if fetched is None:  # large (known from the listing, or from the GET's answer)
             info = self._stat(key)
             self._download_ranges(key, target, info.size)
-            return Fetched(info.sha256, None)
-        fetched = self._either(
-            key,
-            lambda client: self._download_direct(client, key, target),
-            lambda: self._download_sdk(key, target),
-        )
-        if fetched is None:  # larger than announced: go parallel
-            info = self._stat(key)
-            self._download_ranges(key, target, info.size)
-            return Fetched(info.sha256, None)
+            fetched = Fetched(info.sha256, None)
         return fetched
 
     def _download_direct(self, client: DirectS3, key: str, target: Path) -> Fetched | None:

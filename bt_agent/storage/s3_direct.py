@@ -90,10 +90,10 @@ class DirectS3:
         self.endpoint = endpoint
         self.signer = signer
         self.timeout = timeout
+        self.ca_file = ca_file
         self._local = threading.local()
-        self._tls = (
-            ssl.create_default_context(cafile=ca_file) if endpoint.scheme == "https" else None
-        )
+        self._tls_lock = threading.Lock()
+        self._tls_context: ssl.SSLContext | None = None
 
     def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
         """This thread's connection, and whether it was used before."""
@@ -101,14 +101,22 @@ class DirectS3:
         if existing is not None:
             return existing, True
         connection: http.client.HTTPConnection
-        if self._tls is not None:
+        if self.endpoint.scheme == "https":
             connection = http.client.HTTPSConnection(
-                self.endpoint.host, timeout=self.timeout, context=self._tls
+                self.endpoint.host, timeout=self.timeout, context=self._tls()
             )
         else:
             connection = http.client.HTTPConnection(self.endpoint.host, timeout=self.timeout)
         self._local.connection = connection
         return connection, False
+
+    def _tls(self) -> ssl.SSLContext:
+        """Built at the first HTTPS connection, not with the store (loading the trust store
+        takes tens of milliseconds a warm start need not spend)."""
+        with self._tls_lock:
+            if self._tls_context is None:
+                self._tls_context = ssl.create_default_context(cafile=self.ca_file)
+            return self._tls_context
 
     def _discard(self) -> None:
         connection = getattr(self._local, "connection", None)
@@ -167,18 +175,22 @@ class DirectS3:
             return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, data)
 
 
-def read(response: http.client.HTTPResponse, size: int = -1) -> bytes:
-    """Up to ``size`` bytes of the body (all of it with -1); network failures as
-    :class:`NetworkError`."""
+@contextlib.contextmanager
+def _network() -> Iterator[None]:
+    """Socket and protocol failures as :class:`NetworkError`."""
     try:
-        return response.read() if size < 0 else response.read(size)
+        yield
     except (OSError, http.client.HTTPException) as exc:
         raise NetworkError(type(exc).__name__) from exc
+
+
+def read(response: http.client.HTTPResponse, size: int = -1) -> bytes:
+    """Up to ``size`` bytes of the body (all of it with -1)."""
+    with _network():
+        return response.read() if size < 0 else response.read(size)
 
 
 def read_into(response: http.client.HTTPResponse, view: memoryview) -> int:
     """Fill ``view`` from the body as far as it goes; the count (0 at its end)."""
-    try:
+    with _network():
         return response.readinto(view)
-    except (OSError, http.client.HTTPException) as exc:
-        raise NetworkError(type(exc).__name__) from exc
