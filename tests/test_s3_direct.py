@@ -4,7 +4,7 @@ Its requests against a real server are covered by the conformance suite of test_
 ("s3" and "r2" use it, "s3-sdk" does not). Here: the signature against botocore's own signer,
 and two answers SeaweedFS does not give on demand, played by a small local HTTP server (a
 stand-in, said so in each test): AWS's redirect of a bucket in another region, and a server that
-closes a keep-alive connection between requests.
+closes a keep-alive connection between requests, for single requests and for batches.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from bt_agent.storage.base import ObjectInfo, Wanted
 from bt_agent.storage.credentials import S3Keys
 from bt_agent.storage.retry import RetryPolicy
 from bt_agent.storage.s3 import S3Store
+from bt_agent.storage.s3_batch import BatchGet, Declined
 from bt_agent.storage.s3_direct import Endpoint
 from bt_agent.storage.sigv4 import Keys, Signer, canonical_path
 
@@ -138,3 +140,44 @@ def test_a_connection_closed_by_the_server_is_reopened(
     assert store.stat("a.bin").version == "etag"
     assert [line.split()[0] for line in handler.seen] == ["PUT", "PUT", "PUT", "HEAD"]
     assert not any("Botocore" in line for line in handler.seen)
+
+
+def _batch(store: S3Store, items: list[Wanted]) -> dict[str, Exception | None]:
+    """One connection, so that each request after the first reuses it."""
+    assert store.direct is not None
+    told: dict[str, Exception | None] = {}
+    batch = BatchGet(
+        store.direct,
+        store._key,
+        lambda item, answer: store.place(item, answer.body, None),
+        store.batch_max_size(),
+        connections=1,
+    )
+    batch.run(iter(items), lambda item, error: told.__setitem__(item.expected.key, error))
+    return told
+
+
+def test_a_batch_reopens_a_connection_closed_by_the_server(
+    stub: tuple[type[_Recorder], str], tmp_path: Path
+) -> None:
+    """Stand-in for a server that drops idle keep-alive connections, as above, for the batch
+    path: each GET after the first finds its connection closed and is sent again."""
+    handler, endpoint = stub
+    handler.answer = (200, b"body", True)
+    items = [Wanted(tmp_path / n, ObjectInfo(n, 4, "etag")) for n in ("a", "b", "c")]
+    assert _batch(_store(endpoint), items) == {"a": None, "b": None, "c": None}
+    assert [p.read_bytes() for p in sorted(tmp_path.iterdir())] == [b"body"] * 3
+    assert len(handler.seen) == 3
+
+
+def test_a_batch_leaves_a_redirect_to_the_one_object_path(
+    stub: tuple[type[_Recorder], str], tmp_path: Path
+) -> None:
+    """Stand-in for AWS's redirect of a bucket in another region, as above: the batch declines
+    the object and takes no other."""
+    handler, endpoint = stub
+    handler.answer = (301, b"<Error><Code>PermanentRedirect</Code></Error>", False)
+    items = [Wanted(tmp_path / n, ObjectInfo(n, 4, "etag")) for n in ("a", "b")]
+    told = _batch(_store(endpoint), items)
+    assert list(told) == ["a"] and isinstance(told["a"], Declined)
+    assert list(tmp_path.iterdir()) == []

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -43,8 +45,12 @@ def _seed_s3(server: servers.SeaweedFS, files: dict[str, bytes]) -> str:
     bucket = f"w{uuid.uuid4().hex[:10]}"
     server.create_bucket(bucket)
     client = server.client()
-    for key, data in files.items():
-        client.put_object(Bucket=bucket, Key=f"data/{key}", Body=data)
+    with ThreadPoolExecutor(8) as pool:
+        list(
+            pool.map(
+                lambda k: client.put_object(Bucket=bucket, Key=f"data/{k}", Body=files[k]), files
+            )
+        )
     return f"s3://{bucket}/data"
 
 
@@ -153,6 +159,37 @@ def test_cache_fills_once_under_concurrency(tmp_path: Path) -> None:
     assert len(calls) == 1 and cache.path(entry).read_bytes() == b"abc"
 
 
+def test_two_agents_staging_one_source_fetch_each_file_once(
+    agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
+) -> None:
+    """Two processes stage the same source at once through one node cache: each file is
+    fetched by one of them (the small ones in batches, the large one in ranges), and both
+    mounts are whole."""
+    env = {
+        **_env(agent, s3_server, hf_server),
+        "BT_NODE_CACHE_DIR": str(agent.root / "shared-cache"),
+    }
+    files = {f"small/{i:04d}.json": str(i).encode() * 40 for i in range(600)}
+    files["big.bin"] = bytes(range(256)) * 8192  # 2 MiB: above the batch limit
+    url = _seed_s3(s3_server, files)
+    weights = [{"source": url, "mount_location": "/d", "auth_secret_name": "s3_creds"}]
+    spec = agent.spec(_job(weights, "true"))
+
+    def stage(node: str) -> tuple[int, str]:
+        args = ["--node-root", str(agent.root / node), "--secrets-dir", str(agent.secrets_dir)]
+        result = agent("stage", str(spec), *args, env=env)
+        assert result.code == 0, result.text
+        fetched = re.search(r"fetched [\d.,]+ MB \((\d+) files", result.err)
+        return (int(fetched.group(1)) if fetched else 0), result.err
+
+    with ThreadPoolExecutor(2) as pool:
+        (first, first_log), (second, second_log) = pool.map(stage, ["n1", "n2"])
+    assert first + second == len(files), first_log + second_log
+    for node in ("n1", "n2"):
+        for key, data in files.items():
+            assert (agent.root / node / "d" / key).read_bytes() == data
+
+
 def test_eviction_keeps_entries_in_use(tmp_path: Path) -> None:
     cache = NodeCache(tmp_path / "cache")
     paths = []
@@ -220,7 +257,8 @@ def test_sigterm_while_staging(
     from conftest import finish, wait_for
 
     env = _env(agent, s3_server, hf_server)
-    url = _seed_s3(s3_server, {f"part-{i:04d}.bin": bytes(2000) for i in range(400)})
+    # Enough files that staging takes a while even in batches.
+    url = _seed_s3(s3_server, {f"part-{i:04d}.bin": bytes(2000) for i in range(3000)})
     ran = agent.root / "ran"
     weights = [{"source": url, "mount_location": "/d", "auth_secret_name": "s3_creds"}]
     process = agent.start(_job(weights, f"touch {ran}"), env=env)

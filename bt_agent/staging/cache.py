@@ -15,7 +15,7 @@ import hashlib
 import os
 import shutil
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +24,8 @@ from bt_agent.settings import NODE_CACHE_CONTAINER_DIR
 
 #: Hex digits of an entry id that pick its lock file.
 LOCK_STRIPE_DIGITS = 3
+#: Entries are read-only: mounts are hard links to them.
+ENTRY_MODE = 0o444
 
 
 def copy_atomic(source: Path, target: Path) -> None:
@@ -38,6 +40,16 @@ def copy_atomic(source: Path, target: Path) -> None:
 
 def entry_id(*parts: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+class Claim:
+    """A held entry lock (:meth:`NodeCache.claim`)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def release(self) -> None:
+        os.close(self._fd)
 
 
 @dataclass(frozen=True)
@@ -62,20 +74,43 @@ class NodeCache:
     def path(self, entry: str) -> Path:
         return self.objects / entry[:2] / entry
 
-    @contextmanager
-    def _locked(self, entry: str) -> Iterator[None]:
-        """Held by one thread of one process at a time (each open is its own lock holder)."""
+    def _lock_file(self, entry: str) -> int:
+        """A new descriptor of the entry's lock file: each is its own lock holder, so a lock
+        is held by one thread of one process at a time."""
         path = self.locks / f"{entry[:LOCK_STRIPE_DIGITS]}.lock"
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except FileNotFoundError:
             self.locks.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+    @contextmanager
+    def _locked(self, entry: str) -> Iterator[None]:
+        fd = self._lock_file(entry)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
             os.close(fd)  # releases the lock
+
+    def claim(self, entry: str) -> Claim | None:
+        """The entry's lock if no one holds it now, else None (:meth:`ensure` waits for it).
+        The holder fills the entry atomically, then releases the claim."""
+        fd = self._lock_file(entry)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        return Claim(fd)
+
+    def prepare(self, entries: Iterable[str]) -> None:
+        """Create the directories that ``entries`` will go in."""
+        for parent in {self.path(entry).parent for entry in entries}:
+            parent.mkdir(parents=True, exist_ok=True)
 
     def has(self, entry: str) -> bool:
         return self.path(entry).is_file()
@@ -94,7 +129,7 @@ class NodeCache:
             if not path.parent.is_dir():
                 path.parent.mkdir(parents=True, exist_ok=True)
             fill(path)
-            path.chmod(0o444)
+            path.chmod(ENTRY_MODE)
         return path, False
 
     @staticmethod

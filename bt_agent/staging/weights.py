@@ -14,9 +14,9 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bt_agent.context import NodeContext
@@ -32,10 +32,11 @@ from bt_agent.settings import (
     Environ,
 )
 from bt_agent.spec.models import TrainingJob, WeightsSource
-from bt_agent.staging.cache import NodeCache, copy_atomic, entry_id
+from bt_agent.staging.cache import ENTRY_MODE, Claim, NodeCache, copy_atomic, entry_id
 from bt_agent.staging.patterns import selected
 from bt_agent.staging.progress import Progress
 from bt_agent.storage import ObjectInfo, ObjectStore, open_store
+from bt_agent.storage.base import Wanted
 from bt_agent.storage.hf import HFStore
 from bt_agent.storage.keys import check_key
 from bt_agent.storage.retry import OutageWait
@@ -48,6 +49,37 @@ class PlannedFile:
     relative: str
     info: ObjectInfo
     entry: str  # node cache entry id: what the content is, not where it is mounted
+
+
+@dataclass
+class _Tally:
+    """What one source's fetch did, counted from every fetching thread."""
+
+    files: int = 0
+    size: int = 0
+    from_cluster: int = 0
+    by_others: int = 0  # filled by another agent on the node while this one fetched
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def fetched(self, item: PlannedFile, hit: bool = False) -> None:
+        with self.lock:
+            if hit:
+                self.by_others += 1
+            else:
+                self.files += 1
+                self.size += item.info.size
+
+    def cluster_hit(self) -> None:
+        with self.lock:
+            self.from_cluster += 1
+
+    def summary(self) -> str:
+        notes = [f"{self.files} files"]
+        if self.from_cluster:
+            notes.append(f"{self.from_cluster} from the cluster cache")
+        if self.by_others:
+            notes.append(f"{self.by_others} fetched by another agent meanwhile")
+        return f"{_mb(self.size)} ({', '.join(notes)})"
 
 
 @dataclass(frozen=True)
@@ -129,8 +161,6 @@ class WeightsStager:
     ) -> None:
         self.cache = cache
         self.cluster = cluster
-        self.cluster_hits = 0
-        self._count_lock = threading.Lock()
         self.log = log
         self.environ = environ
         self.secrets = secrets
@@ -200,44 +230,104 @@ class WeightsStager:
                 ),
             )
         started = time.monotonic()
-
-        progress = Progress(f"weights[{plan.index}]", need, self.log, self.log.stream)
-
-        def one(item: PlannedFile) -> None:
-            if self.stopping():
-                raise InterruptedError("stop requested")
-            self.cache.ensure(item.entry, lambda path: self._fill(plan, item, path))
-            progress.add(item.info.size)
-
+        tally = _Tally()
         try:
-            with progress, ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="bt-stage") as pool:
-                list(pool.map(one, misses))
+            with Progress(f"weights[{plan.index}]", need, self.log, self.log.stream) as progress:
+                rest = self._fetch_batch(plan, misses, progress, tally)
+                self._fetch_each(plan, rest, progress, tally)
         except InterruptedError:
             raise
         except (StoreError, OSError) as exc:
             raise self._fail(plan, plan.weights, exc) from exc
         seconds = max(time.monotonic() - started, 1e-6)
-        tier = f", {self.cluster_hits} from the cluster cache" if self.cluster_hits else ""
-        self.cluster_hits = 0
         self.log.info(
-            f"weights[{plan.index}] fetched {_mb(need)} in {seconds:.1f} s "
-            f"({need / seconds / 1e6:,.0f} MB/s{tier})"
+            f"weights[{plan.index}] fetched {tally.summary()} in {seconds:.1f} s "
+            f"({tally.size / seconds / 1e6:,.0f} MB/s)"
         )
 
-    def _fill(self, plan: SourcePlan, item: PlannedFile, path: Path) -> None:
+    def _fetch_each(
+        self, plan: SourcePlan, items: list[PlannedFile], progress: Progress, tally: _Tally
+    ) -> None:
+        """One file per thread: large files (each in parallel ranges) and whatever a batch left."""
+
+        def one(item: PlannedFile) -> None:
+            self._check_stop()
+            _, hit = self.cache.ensure(item.entry, lambda path: self._fill(plan, item, path, tally))
+            tally.fetched(item, hit)
+            progress.add(item.info.size)
+
+        if items:
+            with ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="bt-stage") as pool:
+                list(pool.map(one, items))
+
+    def _fetch_batch(
+        self, plan: SourcePlan, misses: list[PlannedFile], progress: Progress, tally: _Tally
+    ) -> list[PlannedFile]:
+        """Fetch the small misses in one batch, where the store has a batch path (many small
+        files cost a thread each more than their transfer); the files left to fetch one by
+        one: large ones, ones another agent is fetching, and any the batch could not place."""
+        limit = plan.store.batch_max_size()
+        small = [f for f in misses if f.info.size <= limit]
+        if not small:
+            return misses
+        left = [f for f in misses if f.info.size > limit]
+        held: dict[Path, tuple[PlannedFile, Claim]] = {}
+        todo = iter(small)
+
+        def claimed() -> Iterator[Wanted]:
+            for item in todo:
+                self._check_stop()
+                claim = self.cache.claim(item.entry)
+                if claim is None or (self.cluster and self.cluster.has(item.entry)):
+                    left.append(item)  # another agent is fetching it, or the cluster has it
+                elif self.cache.has(item.entry):  # another agent fetched it meanwhile
+                    tally.fetched(item, hit=True)
+                    progress.add(item.info.size)
+                else:
+                    path = self.cache.path(item.entry)
+                    held[path] = (item, claim)
+                    yield Wanted(path, item.info, mode=ENTRY_MODE)
+                    continue
+                if claim is not None:
+                    claim.release()
+
+        def finished(wanted: Wanted, error: Exception | None) -> None:
+            item, claim = held.pop(wanted.destination)
+            try:
+                if error is not None:
+                    left.append(item)
+                    return
+                self._share(item, wanted.destination)
+                tally.fetched(item)
+                progress.add(item.info.size)
+            finally:
+                claim.release()
+
+        self.cache.prepare(f.entry for f in small)
+        plan.store.download_batch(claimed(), finished)
+        return left + list(todo)
+
+    def _check_stop(self) -> None:
+        if self.stopping():
+            raise InterruptedError("stop requested")
+
+    def _fill(self, plan: SourcePlan, item: PlannedFile, path: Path, tally: _Tally) -> None:
         """A node cache miss: from the cluster tier if it has the entry, else from the source,
         and then into the cluster tier for the next node."""
         cluster = self.cluster
         if cluster is not None and cluster.has(item.entry):
             copy_atomic(cluster.path(item.entry), path)
-            with self._count_lock:
-                self.cluster_hits += 1
+            tally.cluster_hit()
             return
         self.outage.call(
             f"weights[{plan.index}]", lambda: plan.store.download(item.info.key, path, item.info)
         )
-        if cluster is not None:
-            cluster.ensure(item.entry, lambda shared: copy_atomic(path, shared))
+        self._share(item, path)
+
+    def _share(self, item: PlannedFile, path: Path) -> None:
+        """Put a file just fetched into the cluster tier, where there is one."""
+        if self.cluster is not None:
+            self.cluster.ensure(item.entry, lambda shared: copy_atomic(path, shared))
 
     def _unreachable(self, label: str, exc: TransientStoreError, left: float) -> None:
         self.log.warning(

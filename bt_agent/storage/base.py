@@ -14,6 +14,7 @@ import io
 import itertools
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -51,6 +52,25 @@ class Fetched:
 
     claimed_sha256: str | None = None
     computed_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """One object of a batch download (:meth:`ObjectStore.download_batch`): where it goes, and
+    what the listing said of it."""
+
+    destination: Path
+    expected: ObjectInfo
+    mode: int = 0o644  # the placed file's permissions
+
+
+#: Told once of each object a batch download took: None when it is in place, else why not.
+Finished = Callable[[Wanted, Exception | None], None]
+
+
+def partial_path(destination: Path) -> Path:
+    """A name beside ``destination``, unique to this process and call, for its partial file."""
+    return destination.with_name(f".{destination.name}.{os.getpid()}.{next(_partials)}.incomplete")
 
 
 class HashingReader:
@@ -122,6 +142,17 @@ class ObjectStore(ABC):
     def _delete(self, key: str) -> None:
         raise self._read_only_error(key)
 
+    def batch_max_size(self) -> int:
+        """Objects up to this size may go through :meth:`download_batch`; 0 where this store
+        has no batch path."""
+        return 0
+
+    def download_batch(self, wanted: Iterator[Wanted], finished: Finished) -> None:
+        """Fetch many small objects as :meth:`download` would, without its retries: the caller
+        takes whatever is not in place through :meth:`download`. Each object taken from
+        ``wanted`` is told to ``finished`` once; after a failure no more are taken."""
+        raise NotImplementedError(f"{type(self).__name__} has no batch downloads")
+
     # --- derived once -----------------------------------------------------------------------
 
     def uri(self, key: str = "") -> str:
@@ -164,9 +195,7 @@ class ObjectStore(ABC):
         check_key(key)
         if not destination.parent.is_dir():
             destination.parent.mkdir(parents=True, exist_ok=True)
-        partial = destination.with_name(
-            f".{destination.name}.{os.getpid()}.{next(_partials)}.incomplete"
-        )
+        partial = partial_path(destination)
         try:
             size = expected.size if expected is not None else None
             fetched = retry(lambda: self._download(key, partial, size), self.policy)
@@ -178,19 +207,60 @@ class ObjectStore(ABC):
         return destination
 
     def _verify(self, key: str, path: Path, expected: ObjectInfo | None, fetched: Fetched) -> None:
-        size = path.stat().st_size
+        self._check(
+            key,
+            path.stat().st_size,
+            expected,
+            fetched.claimed_sha256,
+            lambda: fetched.computed_sha256 or sha256_file(path),
+        )
+
+    def _check(
+        self,
+        key: str,
+        size: int,
+        expected: ObjectInfo | None,
+        claimed_sha256: str | None,
+        actual_sha256: Callable[[], str],
+    ) -> None:
+        """The size the listing gave, and the sha256 it or the object's metadata gave."""
         if expected is not None and size != expected.size:
             raise IntegrityError(
                 f"{self.uri(key)}: got {size} bytes, expected {expected.size}", self.uri(key)
             )
-        wanted = (expected.sha256 if expected else None) or fetched.claimed_sha256
+        wanted = (expected.sha256 if expected else None) or claimed_sha256
         if wanted is None:
             return
-        actual = fetched.computed_sha256 or sha256_file(path)
+        actual = actual_sha256()
         if actual != wanted:
             raise IntegrityError(
                 f"{self.uri(key)}: sha256 {actual} does not match {wanted}", self.uri(key)
             )
+
+    def place(self, wanted: Wanted, body: bytes, claimed_sha256: str | None) -> None:
+        """Put a whole object's ``body``, fetched by a batch, at its destination, verified
+        first, then written to a partial file renamed into place."""
+        key = wanted.expected.key
+        self._check(
+            key,
+            len(body),
+            wanted.expected,
+            claimed_sha256,
+            lambda: hashlib.sha256(body).hexdigest(),
+        )
+        partial = partial_path(wanted.destination)
+        try:
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, wanted.mode)
+            try:
+                view = memoryview(body)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+            os.replace(partial, wanted.destination)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
 
     def upload_file(self, path: Path, key: str) -> UploadResult:
         check_key(key)

@@ -14,7 +14,7 @@ import hashlib
 import math
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +27,7 @@ from bt_agent.errors import (
     StoreError,
     TransientStoreError,
 )
-from bt_agent.storage.base import CHUNK, Fetched, ObjectInfo, ObjectStore
+from bt_agent.storage.base import CHUNK, Fetched, Finished, ObjectInfo, ObjectStore, Wanted
 from bt_agent.storage.budget import ByteBudget
 from bt_agent.storage.credentials import S3Keys
 from bt_agent.storage.keys import join_key, relative_key
@@ -97,6 +97,7 @@ class S3Tuning:
     concurrency: int = 8  # parts in flight per store and HTTP connections
     upload_memory: int = 32 * MiB  # file content read and not yet sent, for all uploads
     list_page_size: int = 1000
+    batch_max_size: int = MiB  # objects up to this size may be fetched in batches
 
     def part_size_for(self, size: int, upload: bool = False) -> int:
         needed = math.ceil(size / (MAX_PARTS - 1))
@@ -419,6 +420,23 @@ class S3Store(ObjectStore):
             self._download_ranges(key, target, info.size)
             fetched = Fetched(info.sha256, None)
         return fetched
+
+    def batch_max_size(self) -> int:
+        return self.tuning.batch_max_size if self.direct is not None else 0
+
+    def download_batch(self, wanted: Iterator[Wanted], finished: Finished) -> None:
+        from bt_agent.storage.s3_batch import BatchGet
+
+        direct = self.direct
+        if direct is None:
+            raise NotImplementedError("no batch downloads through botocore")
+        batch = BatchGet(
+            direct,
+            self._key,
+            lambda item, answer: self.place(item, answer.body, answer.headers.get(META_HEADER)),
+            self.tuning.batch_max_size,
+        )
+        batch.run(wanted, finished)
 
     def _download_direct(self, client: DirectS3, key: str, target: Path) -> Fetched | None:
         with client.open("GET", self._key(key)) as response:

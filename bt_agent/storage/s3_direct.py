@@ -103,14 +103,14 @@ class DirectS3:
         connection: http.client.HTTPConnection
         if self.endpoint.scheme == "https":
             connection = http.client.HTTPSConnection(
-                self.endpoint.host, timeout=self.timeout, context=self._tls()
+                self.endpoint.host, timeout=self.timeout, context=self.tls_context()
             )
         else:
             connection = http.client.HTTPConnection(self.endpoint.host, timeout=self.timeout)
         self._local.connection = connection
         return connection, False
 
-    def _tls(self) -> ssl.SSLContext:
+    def tls_context(self) -> ssl.SSLContext:
         """Built at the first HTTPS connection, not with the store (loading the trust store
         takes tens of milliseconds a warm start need not spend)."""
         with self._tls_lock:
