@@ -1,14 +1,16 @@
-"""Batch downloads of small S3 objects (bt_agent.storage.s3_batch), against SeaweedFS.
+"""Many small S3 objects from one thread (bt_agent.storage.s3_batch), against SeaweedFS.
 
-The batch path places what it can and hands back the rest: every object taken is told to the
+Batch downloads place what they can and hand back the rest: every object taken is told to the
 caller once, placed whole and verified or not at all, and a failure stops the batch from taking
-more. What the batch leaves, the one-object path fetches (covered by test_storage.py).
+more. What the batch leaves, the one-object path fetches (covered by test_storage.py). The
+upload stream tells each file's outcome, an error included, and goes on.
 """
 
 from __future__ import annotations
 
 import hashlib
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,8 +18,10 @@ import pytest
 import servers
 from test_storage import _s3
 
-from bt_agent.errors import IntegrityError
-from bt_agent.storage.base import ObjectInfo, Wanted
+from bt_agent.errors import IntegrityError, TransientStoreError
+from bt_agent.settings import Environ
+from bt_agent.storage import open_store
+from bt_agent.storage.base import ObjectInfo, Upload, Wanted
 from bt_agent.storage.s3 import S3Store
 from bt_agent.storage.s3_batch import CONNECTIONS, Declined
 
@@ -137,3 +141,107 @@ def test_no_batch_path_through_botocore(s3_server: servers.SeaweedFS) -> None:
     store = _store(s3_server)
     store.direct_requests = False
     assert store.batch_max_size() == 0
+
+
+# --- the upload stream ------------------------------------------------------------------------
+
+
+class _Feed:
+    """``take`` for an upload stream: hands over the lists given, then ends it."""
+
+    def __init__(self, *lists: list[Upload]) -> None:
+        self.lists: list[list[Upload] | None] = [*lists, None]
+        self.outcomes: dict[str, str | Exception] = {}
+
+    def take(self) -> list[Upload] | None:
+        return self.lists.pop(0)
+
+    def finished(self, upload: Upload, outcome: str | Exception) -> None:
+        assert upload.key not in self.outcomes, "told twice"
+        self.outcomes[upload.key] = outcome
+
+
+def _files(root: Path, count: int) -> dict[str, bytes]:
+    root.mkdir(parents=True, exist_ok=True)
+    files = {
+        f"ckpt/f{i:03d}.bin": hashlib.sha256(str(i).encode()).digest() * i for i in range(count)
+    }
+    for key, data in files.items():
+        (root / key.replace("/", "_")).write_bytes(data)
+    return files
+
+
+def _uploads(root: Path, keys: list[str]) -> list[Upload]:
+    return [Upload(root / key.replace("/", "_"), key) for key in keys]
+
+
+def test_an_upload_stream_stores_each_file_with_its_sha256(
+    s3_server: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    store = _store(s3_server)
+    files = _files(tmp_path / "src", 80)
+    keys = list(files)
+    feed = _Feed(_uploads(tmp_path / "src", keys[:30]), _uploads(tmp_path / "src", keys[30:]))
+    store.upload_stream(feed.take, feed.finished)
+    assert feed.outcomes == {key: hashlib.sha256(data).hexdigest() for key, data in files.items()}
+    for key, data in files.items():
+        assert store.read_bytes(key) == data
+        assert store.stat(key).sha256 == hashlib.sha256(data).hexdigest(), "the metadata"
+    assert store._memory.held == 0, "every byte taken from the budget is given back"
+
+
+def test_an_upload_stream_reports_a_missing_file_and_goes_on(
+    s3_server: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    store = _store(s3_server)
+    files = _files(tmp_path / "src", 5)
+    gone = Upload(tmp_path / "src" / "deleted.bin", "ckpt/deleted.bin")
+    feed = _Feed([gone, *_uploads(tmp_path / "src", list(files))])
+    store.upload_stream(feed.take, feed.finished)
+    assert isinstance(feed.outcomes.pop("ckpt/deleted.bin"), FileNotFoundError)
+    assert feed.outcomes == {key: hashlib.sha256(data).hexdigest() for key, data in files.items()}
+    assert not store.exists("ckpt/deleted.bin")
+
+
+def test_an_upload_stream_outlives_a_store_outage(
+    own_s3: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    """Files handed over while the store is down are told unreachable (the sidecar retries
+    them); once it is back, the same stream stores the next ones on new connections."""
+    store = open_store("s3://store/up", Environ(own_s3.client_env()))
+    assert isinstance(store, S3Store)
+    files = _files(tmp_path / "src", 12)
+    keys = list(files)
+    before, during, after = keys[:4], keys[4:8], keys[8:]
+    outcomes: dict[str, str | Exception] = {}
+    steps = [before, during, after]
+    handed: list[str] = []
+
+    def told(count: int) -> None:  # outcomes come from the stream's own thread
+        deadline = time.monotonic() + 120
+        while len(outcomes) < count:
+            assert time.monotonic() < deadline, outcomes
+            time.sleep(0.01)
+
+    def take() -> list[Upload] | None:
+        told(len(handed))
+        if not steps:
+            return None
+        step = steps.pop(0)
+        if step is during:
+            own_s3.stop()
+        elif step is after:
+            own_s3.start()
+        handed.extend(step)
+        return _uploads(tmp_path / "src", step)
+
+    def finished(upload: Upload, outcome: str | Exception) -> None:
+        outcomes[upload.key] = outcome
+
+    store.upload_stream(take, finished)
+    for key in before + after:
+        assert outcomes[key] == hashlib.sha256(files[key]).hexdigest(), key
+        assert store.read_bytes(key) == files[key]
+    for key in during:
+        assert isinstance(outcomes[key], TransientStoreError), outcomes[key]
+        assert "cannot reach" in str(outcomes[key])

@@ -13,6 +13,7 @@ import sqlite3
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -167,6 +168,30 @@ def test_metrics_endpoint_reports_the_totals(agent: Agent) -> None:
 
 def s3_env(server: servers.SeaweedFS) -> dict[str, str]:
     return {**FAST, **server.client_env()}
+
+
+def test_many_small_files_to_s3_are_committed_exactly(
+    agent: Agent, s3_server: servers.SeaweedFS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small files go through the store's upload stream (one thread, many connections), large
+    ones through the worker threads: both end committed, every object as written."""
+    bucket = f"ck{uuid.uuid4().hex[:10]}"
+    s3_server.create_bucket(bucket)
+    ledger = agent.root / "ledger.json"
+    writer = f"{WRITER} {ledger} --style shards --steps 3 --files 300 --size 3000"
+    big = "head -c 3000000 /dev/urandom > $BT_CHECKPOINT_DIR/checkpoint-3/big.bin"
+    env = s3_env(s3_server)
+    url = f"s3://{bucket}/bt"
+    result = agent.run_job(
+        ckpt_job(f"{writer} && {big}"), "--job-id", "small001", "--store", url, env=env
+    )
+    assert result.code == 0, result.text
+    written = json.loads(ledger.read_text())
+    written["checkpoint-3"] = on_disk(agent.node_root / "mnt" / "ckpts")["checkpoint-3"]
+    assert "big.bin" in written["checkpoint-3"]
+    for name, value in s3_server.client_env().items():  # for the test's own client
+        monkeypatch.setenv(name, value)
+    assert_store_holds(open_store(url, Environ(env)), written, "small001")
 
 
 def _journal_rows(agent: Agent, job_id: str) -> int:

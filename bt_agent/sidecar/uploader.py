@@ -50,6 +50,7 @@ from bt_agent.sidecar.journal import Journal
 from bt_agent.sidecar.space import FullDisk
 from bt_agent.sidecar.stats import UploadStats
 from bt_agent.sidecar.watch import Watcher
+from bt_agent.storage.base import Upload
 
 TICK = 0.1
 #: The shortest time between two coordinator steps: each completion wakes it, and a step costs
@@ -123,6 +124,13 @@ class _Done:
     error: Exception | None = None
 
 
+@dataclass(frozen=True)
+class _Streamed(Upload):
+    """A small file handed to the store's upload stream."""
+
+    file: Candidate
+
+
 @dataclass
 class _Round:
     """One checkpoint's uploads since its last commit: for the commit's log line."""
@@ -174,6 +182,11 @@ class Sidecar:
         self._changes: queue.SimpleQueue[tuple[str, bool]] = queue.SimpleQueue()
         self._work: queue.SimpleQueue[Candidate | None] = queue.SimpleQueue()
         self._done: queue.SimpleQueue[_Done] = queue.SimpleQueue()
+        # Small files go to the store's upload stream, where it has one (one thread, many
+        # connections), a list per coordinator step; the rest to the worker threads.
+        self._stream_in: queue.SimpleQueue[list[_Streamed] | None] = queue.SimpleQueue()
+        self._to_stream: list[_Streamed] = []
+        self._stream_limit = 0  # set by the stream's thread once the store says it has one
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._idle = threading.Event()
@@ -207,6 +220,7 @@ class Sidecar:
         self._step(now)
         for index in range(self.settings.workers):
             self._spawn(self._worker, f"bt-upload-{index}")
+        self._spawn(self._stream, "bt-upload-stream")
         self._spawn(self._loop, "bt-sidecar")
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
@@ -234,6 +248,7 @@ class Sidecar:
                 thread.join(0.5)  # a step stuck on a dead store must not hold the deadline
         for _ in range(self.settings.workers):
             self._work.put(None)
+        self._stream_in.put(None)
         report = self._report_lost(time.monotonic() - started)
         self.journal.close()
         return report
@@ -318,6 +333,9 @@ class Sidecar:
                 if not self._room():
                     return
                 self._consider(relative, now)
+        if self._to_stream:
+            self._stream_in.put(self._to_stream)
+            self._to_stream = []
 
     def _room(self) -> bool:
         """Whether the queue takes another file: always while a worker could be idle, then
@@ -358,7 +376,10 @@ class Sidecar:
         state.in_flight[relative] = found.sig.size
         state.in_flight_bytes += found.sig.size
         state.rounds.setdefault(checkpoint, _Round(now))
-        self._work.put(found)
+        if self._stream_limit > 0 and found.sig.size <= self._stream_limit:
+            self._to_stream.append(_Streamed(self.dir.root / relative, self._key(relative), found))
+        else:
+            self._work.put(found)
 
     def _saved_by_earlier_job(self, found: Candidate) -> bool:
         owner = self.journal.earlier_owner(found.relative, found.sig)
@@ -430,14 +451,48 @@ class Sidecar:
             self._wake.set()
 
     def _upload(self, file: Candidate) -> _Done:
-        key = checkpoint_file_key(
-            self.owner.project, self.owner.job_id, self.owner.rank, file.relative
-        )
         try:
-            result = self.catalog.store.upload_file(self.dir.root / file.relative, key)
+            result = self.catalog.store.upload_file(
+                self.dir.root / file.relative, self._key(file.relative)
+            )
         except (BtAgentError, OSError) as exc:
             return _Done(file, error=exc)
         return _Done(file, self.dir.classify(file.relative), result.sha256)
+
+    def _key(self, relative: str) -> str:
+        return checkpoint_file_key(self.owner.project, self.owner.job_id, self.owner.rank, relative)
+
+    def _stream(self) -> None:
+        """Upload small files through the store's upload stream, where it has one."""
+        _lower_priority(self.settings.nice)
+        store = self.catalog.store
+        self._stream_limit = store.batch_max_size()
+        if not self._stream_limit:
+            return
+        try:
+            store.upload_stream(self._stream_in.get, self._streamed)
+        except Exception as exc:  # files keep going, one per thread
+            self._stream_limit = 0
+            self.log.error(
+                f"checkpoint sidecar: upload stream stopped: {type(exc).__name__}: {exc}"
+            )
+            while True:
+                try:
+                    handed = self._stream_in.get_nowait()
+                except queue.Empty:
+                    break
+                for upload in handed or []:
+                    self._streamed(upload, exc)
+
+    def _streamed(self, upload: _Streamed, outcome: str | Exception) -> None:
+        file = upload.file
+        if isinstance(outcome, Exception):
+            done = _Done(file, error=outcome)
+            self._stream_limit = self.catalog.store.batch_max_size()  # 0: the stream is off
+        else:
+            done = _Done(file, self.dir.classify(file.relative), outcome)
+        self._done.put(done)
+        self._wake.set()
 
     # --- commits -----------------------------------------------------------------------------
 

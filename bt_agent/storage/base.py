@@ -14,10 +14,10 @@ import io
 import itertools
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from bt_agent.errors import IntegrityError, NotFoundError, StoreError
 from bt_agent.storage.keys import check_key, join_key
@@ -25,6 +25,7 @@ from bt_agent.storage.retry import DEFAULT_POLICY, RetryPolicy, retry
 
 CHUNK = 1024 * 1024
 _partials = itertools.count()  # names this process's partial files apart (with its pid)
+U = TypeVar("U", bound="Upload")
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,14 @@ class Wanted:
     destination: Path
     expected: ObjectInfo
     mode: int = 0o644  # the placed file's permissions
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One file of an upload stream (:meth:`ObjectStore.upload_stream`)."""
+
+    path: Path
+    key: str
 
 
 #: Told once of each object a batch download took: None when it is in place, else why not.
@@ -152,6 +161,17 @@ class ObjectStore(ABC):
         takes whatever is not in place through :meth:`download`. Each object taken from
         ``wanted`` is told to ``finished`` once; after a failure no more are taken."""
         raise NotImplementedError(f"{type(self).__name__} has no batch downloads")
+
+    def upload_stream(
+        self,
+        take: Callable[[], Sequence[U] | None],
+        finished: Callable[[U, str | Exception], None],
+    ) -> None:
+        """Upload files of at most :meth:`batch_max_size` bytes as :meth:`upload_file` would,
+        without its retries, for as long as ``take()`` (called on a thread of its own; it
+        blocks until it has files) hands some over; None ends the stream. ``finished`` is told
+        of each: the sha256 of what was stored, or the typed error."""
+        raise NotImplementedError(f"{type(self).__name__} has no upload stream")
 
     # --- derived once -----------------------------------------------------------------------
 

@@ -28,6 +28,16 @@ class ByteBudget:
             self._held += taken
         return taken
 
+    def try_acquire(self, size: int) -> int | None:
+        """:meth:`acquire` if ``size`` bytes fit now, else None (for callers that must not
+        block: an event loop)."""
+        taken = min(max(size, 1), self.limit)
+        with self._changed:
+            if self._held + taken > self.limit:
+                return None
+            self._held += taken
+        return taken
+
     def release(self, taken: int) -> None:
         with self._changed:
             self._held -= taken

@@ -14,11 +14,11 @@ import hashlib
 import math
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from bt_agent.errors import (
     AccessDeniedError,
@@ -27,7 +27,16 @@ from bt_agent.errors import (
     StoreError,
     TransientStoreError,
 )
-from bt_agent.storage.base import CHUNK, Fetched, Finished, ObjectInfo, ObjectStore, Wanted
+from bt_agent.storage.base import (
+    CHUNK,
+    Fetched,
+    Finished,
+    ObjectInfo,
+    ObjectStore,
+    U,
+    Upload,
+    Wanted,
+)
 from bt_agent.storage.budget import ByteBudget
 from bt_agent.storage.credentials import S3Keys
 from bt_agent.storage.keys import join_key, relative_key
@@ -41,6 +50,9 @@ from bt_agent.storage.s3_direct import (
     read_into,
 )
 from bt_agent.storage.sigv4 import Keys, Signer
+
+if TYPE_CHECKING:
+    from bt_agent.storage.s3_batch import Answer
 
 MiB = 1024 * 1024
 MAX_PARTS = 10_000
@@ -437,6 +449,42 @@ class S3Store(ObjectStore):
             self.tuning.batch_max_size,
         )
         batch.run(wanted, finished)
+
+    def upload_stream(
+        self,
+        take: Callable[[], Sequence[U] | None],
+        finished: Callable[[U, str | Exception], None],
+    ) -> None:
+        from bt_agent.storage.s3_batch import PutStream
+
+        direct = self.direct
+        if direct is None:
+            raise NotImplementedError("no upload stream through botocore")
+
+        def headers(sha256: str) -> dict[str, str]:
+            return {"x-amz-checksum-sha256": _b64(bytes.fromhex(sha256)), META_HEADER: sha256}
+
+        def check(item: Upload, answer: Answer) -> None:
+            if answer.status != 200:
+                raise self._failed(Reply(answer.status, answer.headers, answer.body), item.key)
+
+        def told(item: U, outcome: str | Exception) -> None:
+            finished(item, self._stream_error(item.key, outcome))
+
+        stream: PutStream[U] = PutStream(
+            direct, self._key, headers, check, self._memory, self.tuning.batch_max_size
+        )
+        stream.run(take, told)
+
+    def _stream_error(self, key: str, outcome: str | Exception) -> str | Exception:
+        """A stream's outcome with its error typed; an answer only botocore can follow turns
+        the direct path (and with it the stream) off for this store."""
+        if isinstance(outcome, NeedsSDK):
+            self._direct = None
+            return TransientStoreError(f"{self.uri(key)}: {outcome}; retried through botocore")
+        if isinstance(outcome, NetworkError):
+            return self._unreachable(key, str(outcome))
+        return outcome
 
     def _download_direct(self, client: DirectS3, key: str, target: Path) -> Fetched | None:
         with client.open("GET", self._key(key)) as response:

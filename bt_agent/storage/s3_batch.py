@@ -1,27 +1,40 @@
-"""Many small S3 objects fetched from one thread: a few keep-alive connections driven by asyncio.
+"""Many small S3 objects moved from one thread: a few keep-alive connections driven by asyncio.
 
-Fetched a thread each, thousands of small objects cost more in hand-offs of the GIL and thread
-wake-ups than in the requests themselves (5,000 x 4 KiB from SeaweedFS over 8 threads of
-``http.client``: 3.4 CPU-s; one thread and an event loop: 0.7 CPU-s). This path only does what
-needs nothing but a GET: an error answer, a redirect, a body larger than asked for or a lost
-connection ends the batch, and the caller takes what is left through the one-object path, which
-retries, waits out outages, falls back to botocore and says what went wrong.
+Moved a thread each, thousands of small objects cost more in hand-offs of the GIL and thread
+wake-ups than in the requests themselves (5,000 x 4 KiB GETs from SeaweedFS over 8 threads of
+``http.client``: 3.4 CPU-s; one thread and an event loop: 0.7 CPU-s). Only plain GETs and PUTs of
+one object go this way, signed as the direct path signs them (bt_agent.storage.s3_direct).
+
+- :class:`BatchGet` fetches a finite batch for staging. An error answer, a redirect, a body
+  larger than listed or a lost connection ends the batch: the caller takes what is left through
+  the one-object path, which retries, waits out outages, falls back to botocore and reports.
+- :class:`PutStream` uploads files handed to it while it runs (the checkpoint sidecar's small
+  files); each outcome, an error included, goes back to the caller, which retries.
+
+A connection the server closed while idle is replaced once before a request counts as failed.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+import hashlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
-from bt_agent.storage.base import Finished, Wanted
-from bt_agent.storage.s3_direct import DirectS3
+from bt_agent.storage.base import Finished, Upload, Wanted
+from bt_agent.storage.budget import ByteBudget
+from bt_agent.storage.s3_direct import DirectS3, NetworkError
 from bt_agent.storage.sigv4 import canonical_path
 
 #: Connections at once: more requests in flight cost the server less CPU each.
 CONNECTIONS = 16
 #: What each connection's reader buffers before it stops reading the socket.
 READ_BUFFER = 64 * 1024
+#: How often an upload waiting for the store's memory budget asks again.
+BUDGET_POLL_SECONDS = 0.005
+U = TypeVar("U", bound=Upload)
 
 
 class Declined(Exception):
@@ -33,6 +46,119 @@ class Answer:
     status: int
     headers: dict[str, str]  # names in lower case
     body: bytes
+
+
+class _Connection:
+    """One keep-alive HTTP/1.1 connection."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.used = False
+
+    async def exchange(self, request: bytes, body: bytes, max_body: int) -> tuple[Answer, bool]:
+        """The answer to ``request``, and whether the connection may carry another."""
+        self.used = True
+        self.writer.write(request)
+        if body:
+            self.writer.write(body)
+            await self.writer.drain()
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ", 2)[1])
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            if name:
+                headers[name.strip().lower()] = value.strip()
+        length = headers.get("content-length")
+        if length is None or "transfer-encoding" in headers:
+            raise Declined("an answer without a Content-Length")
+        if int(length) > max_body:
+            raise Declined(f"an answer of {length} bytes, larger than expected")
+        answer = await self.reader.readexactly(int(length))
+        keep = headers.get("connection", "").lower() != "close"
+        return Answer(status, headers, answer), keep
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class Requests:
+    """Signed single-object requests of one bucket over connections this class opens."""
+
+    def __init__(self, direct: DirectS3, object_key: Callable[[str], str]) -> None:
+        self.direct = direct
+        self.object_key = object_key
+        host, _, port = direct.endpoint.host.rpartition(":")
+        tls = direct.endpoint.scheme == "https"
+        if not host or not port.isdigit():  # no port in the host: the scheme's own
+            host, port = direct.endpoint.host, ("443" if tls else "80")
+        self.host, self.port, self.tls = host.strip("[]"), int(port), tls
+
+    async def send(
+        self,
+        connection: _Connection | None,
+        method: str,
+        key: str,
+        headers: dict[str, str],
+        body: bytes = b"",
+        max_body: int = READ_BUFFER,
+    ) -> tuple[Answer, _Connection | None]:
+        """The answer, and the connection to use next (None: open a new one)."""
+        request = self._head(method, key, headers, body)
+        for attempt in (0, 1):
+            if connection is None:
+                connection = await self._connect()
+            try:
+                answer, keep = await asyncio.wait_for(
+                    connection.exchange(request, body, max_body), self.direct.timeout
+                )
+            except (ConnectionError, asyncio.IncompleteReadError) as exc:
+                reused = connection.used and attempt == 0
+                connection.close()
+                connection = None
+                if not reused:
+                    raise NetworkError(f"connection lost ({type(exc).__name__})") from exc
+                continue
+            except (OSError, asyncio.TimeoutError, asyncio.LimitOverrunError, ValueError) as exc:
+                connection.close()
+                raise NetworkError(type(exc).__name__) from exc
+            except BaseException:
+                connection.close()
+                raise
+            if not keep:
+                connection.close()
+                connection = None
+            return answer, connection
+        raise AssertionError("unreachable")
+
+    async def _connect(self) -> _Connection:
+        context = self.direct.tls_context() if self.tls else None
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(
+                    self.host,
+                    self.port,
+                    ssl=context,
+                    server_hostname=self.host if context else None,
+                    limit=READ_BUFFER,
+                ),
+                self.direct.timeout,
+            )
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise NetworkError(f"cannot connect ({type(exc).__name__})") from exc
+        return _Connection(reader, writer)
+
+    def _head(self, method: str, key: str, headers: dict[str, str], body: bytes) -> bytes:
+        endpoint = self.direct.endpoint
+        path = canonical_path(f"{endpoint.base_path}/{self.object_key(key)}")
+        signed = self.direct.signer.sign(method, endpoint.host, path, headers)
+        lines = [f"{method} {path} HTTP/1.1"]
+        lines += [f"{name}: {value}" for name, value in signed.items()]
+        if body or method == "PUT":
+            lines.append(f"content-length: {len(body)}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
 @dataclass
@@ -48,39 +174,6 @@ class _Batch:
         return next(self.wanted, None)
 
 
-class _Connection:
-    """One keep-alive HTTP/1.1 connection."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.used = False
-
-    async def exchange(self, request: bytes, max_body: int) -> tuple[Answer, bool]:
-        """The answer to ``request``, and whether the connection may carry another."""
-        self.used = True
-        self.writer.write(request)
-        head = await self.reader.readuntil(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split(" ", 2)[1])
-        headers = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            if name:
-                headers[name.strip().lower()] = value.strip()
-        length = headers.get("content-length")
-        if length is None or "transfer-encoding" in headers:
-            raise Declined("an answer without a Content-Length")
-        if int(length) > max_body:
-            raise Declined(f"an object of {length} bytes, larger than listed")
-        body = await self.reader.readexactly(int(length))
-        keep = headers.get("connection", "").lower() != "close"
-        return Answer(status, headers, body), keep
-
-    def close(self) -> None:
-        self.writer.close()
-
-
 class BatchGet:
     """GETs of many objects of one bucket, ``connections`` at a time, placed by ``place``."""
 
@@ -92,16 +185,10 @@ class BatchGet:
         max_size: int,
         connections: int = CONNECTIONS,
     ) -> None:
-        self.direct = direct
-        self.object_key = object_key
+        self.requests = Requests(direct, object_key)
         self.place = place
         self.max_size = max_size
         self.connections = connections
-        host, _, port = direct.endpoint.host.rpartition(":")
-        tls = direct.endpoint.scheme == "https"
-        if not host or not port.isdigit():  # no port in the host: the scheme's own
-            host, port = direct.endpoint.host, ("443" if tls else "80")
-        self.host, self.port, self.tls = host.strip("[]"), int(port), tls
 
     def run(self, wanted: Iterator[Wanted], finished: Finished) -> None:
         """Fetch each of ``wanted`` to its destination; see ObjectStore.download_batch."""
@@ -147,54 +234,102 @@ class BatchGet:
                 connection.close()
 
     async def _fetch(self, item: Wanted, connection: _Connection | None) -> _Connection | None:
-        """Fetch and place ``item``; the connection to use next (None: open a new one). A
-        connection the server closed while idle is replaced once (a GET may be sent again)."""
-        request = self._request(item.expected.key)
-        for attempt in (0, 1):
-            if connection is None:
-                connection = await self._connect()
-            try:
-                answer, keep = await asyncio.wait_for(
-                    connection.exchange(request, self.max_size), self.direct.timeout
-                )
-                break
-            except (ConnectionError, asyncio.IncompleteReadError) as exc:
-                reused = connection.used and attempt == 0
-                connection.close()
-                connection = None
-                if not reused:
-                    raise Declined(f"connection lost: {type(exc).__name__}") from exc
-            except BaseException:
-                connection.close()
-                raise
-        else:
-            raise AssertionError("unreachable")
-        if not keep:
-            connection.close()
-            connection = None
+        """Fetch and place ``item``; the connection to use next."""
+        try:
+            answer, connection = await self.requests.send(
+                connection, "GET", item.expected.key, {}, max_body=self.max_size
+            )
+        except NetworkError as exc:
+            raise Declined(str(exc)) from exc
         if answer.status != 200:
             raise Declined(f"HTTP {answer.status}")
         self.place(item, answer)
         return connection
 
-    async def _connect(self) -> _Connection:
-        context = self.direct.tls_context() if self.tls else None
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(
-                self.host,
-                self.port,
-                ssl=context,
-                server_hostname=self.host if context else None,
-                limit=max(READ_BUFFER, self.max_size),
-            ),
-            self.direct.timeout,
-        )
-        return _Connection(reader, writer)
 
-    def _request(self, key: str) -> bytes:
-        endpoint = self.direct.endpoint
-        path = canonical_path(f"{endpoint.base_path}/{self.object_key(key)}")
-        headers = self.direct.signer.sign("GET", endpoint.host, path, {})
-        lines = [f"GET {path} HTTP/1.1"]
-        lines += [f"{name}: {value}" for name, value in headers.items()]
-        return ("\r\n".join(lines) + "\r\n\r\n").encode()
+class PutStream(Generic[U]):
+    """Uploads of small files, ``connections`` at a time, for as long as ``take()`` (called
+    on a thread of its own, blocking until it has files; None when there will be no more)
+    hands files over. ``finished(upload, sha256 or error)`` is told of each, from the loop's
+    thread; the file's content is held within the store's ``budget`` while it is sent."""
+
+    def __init__(
+        self,
+        direct: DirectS3,
+        object_key: Callable[[str], str],
+        headers: Callable[[str], dict[str, str]],
+        check: Callable[[Upload, Answer], None],
+        budget: ByteBudget,
+        max_size: int,
+        connections: int = CONNECTIONS,
+    ) -> None:
+        self.requests = Requests(direct, object_key)
+        self.headers = headers  # sha256 -> the PUT's headers (checksum, metadata)
+        self.check = check  # raises the store's error for an answer that is not a success
+        self.budget = budget
+        self.max_size = max_size
+        self.connections = connections
+
+    def run(
+        self,
+        take: Callable[[], Sequence[U] | None],
+        finished: Callable[[U, str | Exception], None],
+    ) -> None:
+        asyncio.run(self._run(take, finished))
+
+    async def _run(
+        self,
+        take: Callable[[], Sequence[U] | None],
+        finished: Callable[[U, str | Exception], None],
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue[U | None] = asyncio.Queue()
+
+        def deliver(items: Sequence[U] | None) -> None:
+            for item in items if items is not None else [None] * self.connections:
+                inbox.put_nowait(item)
+
+        def feed() -> None:
+            while True:
+                items = take()
+                loop.call_soon_threadsafe(deliver, items)
+                if items is None:
+                    return
+
+        threading.Thread(target=feed, name="bt-upload-feed", daemon=True).start()
+        await asyncio.gather(*(self._worker(inbox, finished) for _ in range(self.connections)))
+
+    async def _worker(
+        self,
+        inbox: asyncio.Queue[U | None],
+        finished: Callable[[U, str | Exception], None],
+    ) -> None:
+        connection: _Connection | None = None
+        while (item := await inbox.get()) is not None:
+            outcome: str | Exception
+            try:
+                outcome, connection = await self._put(item, connection)
+            except Exception as exc:
+                outcome, connection = exc, None
+            finished(item, outcome)
+        if connection is not None:
+            connection.close()
+
+    async def _put(
+        self, item: Upload, connection: _Connection | None
+    ) -> tuple[str, _Connection | None]:
+        with open(item.path, "rb") as handle:
+            data = handle.read(self.max_size + 1)
+        if len(data) > self.max_size:
+            raise Declined(f"{item.path} grew past {self.max_size} bytes; sent another way")
+        while (taken := self.budget.try_acquire(len(data))) is None:
+            await asyncio.sleep(BUDGET_POLL_SECONDS)
+        try:
+            sha256 = hashlib.sha256(data).hexdigest()
+            answer, connection = await self.requests.send(
+                connection, "PUT", item.key, self.headers(sha256), data
+            )
+        finally:
+            self.budget.release(taken)
+        self.check(item, answer)
+        return sha256, connection
