@@ -174,11 +174,12 @@ def test_many_small_files_to_s3_are_committed_exactly(
     agent: Agent, s3_server: servers.SeaweedFS, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Small files go through the store's upload stream (one thread, many connections), large
-    ones through the worker threads: both end committed, every object as written."""
+    ones through the worker threads: both end committed, every object as written. More small
+    files are ready at once than the sidecar keeps in flight (QUEUE_FILES)."""
     bucket = f"ck{uuid.uuid4().hex[:10]}"
     s3_server.create_bucket(bucket)
     ledger = agent.root / "ledger.json"
-    writer = f"{WRITER} {ledger} --style shards --steps 3 --files 300 --size 3000"
+    writer = f"{WRITER} {ledger} --style shards --steps 3 --files 600 --size 3000"
     big = "head -c 3000000 /dev/urandom > $BT_CHECKPOINT_DIR/checkpoint-3/big.bin"
     env = s3_env(s3_server)
     url = f"s3://{bucket}/bt"

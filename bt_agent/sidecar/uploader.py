@@ -282,6 +282,7 @@ class Sidecar:
         self.space.check(self._being_written())
         self._collect(now)
         self._submit(now)
+        self._hand_over()  # whatever way _submit ended: a file counted in flight must go
         self._commit_ready(now)
         self._report(now)
         state = self._state
@@ -333,6 +334,9 @@ class Sidecar:
                 if not self._room():
                     return
                 self._consider(relative, now)
+
+    def _hand_over(self) -> None:
+        """Give the upload stream the small files this step chose, in one list."""
         if self._to_stream:
             self._stream_in.put(self._to_stream)
             self._to_stream = []
