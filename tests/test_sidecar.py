@@ -339,12 +339,12 @@ def test_a_checkpoint_held_on_a_full_disk_is_released_only_once_rewritten(tmp_pa
     out = io.StringIO()
     space = FullDisk(tmp_path, AgentLog(out), threshold=2**62)  # any disk is "full" to it
     torn = time.time_ns()  # a file written before the disk was seen full
-    space.check(["checkpoint-2"])
+    space.check(lambda: ["checkpoint-2"])
     assert space.full and space.held == ["checkpoint-2"]
     assert space.holds("checkpoint-2", [torn])
     assert not space.holds("checkpoint-1", [torn]), "not being written then"
     space.threshold = 0
-    space.check(["checkpoint-2"])
+    space.check(lambda: ["checkpoint-2"])
     assert not space.full and "has room again" in out.getvalue()
     later = time.time_ns() + 10**9
     assert space.holds("checkpoint-2", [torn, later]), "one file is still the torn one"

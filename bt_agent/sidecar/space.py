@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from bt_agent.log import AgentLog, format_bytes
@@ -39,9 +39,9 @@ class FullDisk:
         self.full = False
         self._held: dict[str, int] = {}  # checkpoint -> last time (ns) it was seen on a full disk
 
-    def check(self, writing: Iterable[str]) -> None:
-        """Look at the free space; while it is short, each checkpoint being ``writing`` (files
-        waiting, uploading or not yet committed) is held back."""
+    def check(self, writing: Callable[[], Iterable[str]]) -> None:
+        """Look at the free space; while it is short, each checkpoint being ``writing()``
+        (files waiting, uploading or not yet committed; asked only then) is held back."""
         free = free_bytes(self.root)
         full = free is not None and free < self.threshold
         if full != self.full:
@@ -50,7 +50,7 @@ class FullDisk:
         if not full:
             return
         now = time.time_ns()
-        for checkpoint in writing:
+        for checkpoint in writing():
             if checkpoint not in self._held:
                 self.log.error(
                     f"checkpoints: {checkpoint} was being written when the disk ran full; it "

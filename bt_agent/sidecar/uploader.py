@@ -279,7 +279,7 @@ class Sidecar:
 
     def _step(self, now: float) -> None:
         self._take_changes(now)
-        self.space.check(self._being_written())
+        self.space.check(self._being_written)
         self._collect(now)
         self._submit(now)
         self._hand_over()  # whatever way _submit ended: a file counted in flight must go
@@ -321,19 +321,32 @@ class Sidecar:
 
     def _submit(self, now: float) -> None:
         state = self._state
-        if not self._room():
+        if not self._wants_more():
             return
         ready = [r for r, due in state.pending.items() if due <= now and r not in state.in_flight]
         while ready and self._room():
-            # Only the first few in "newest checkpoint first" order: a full sort per step would
-            # cost more than the uploads of many small files.
-            batch = heapq.nsmallest(QUEUE_FILES, ready, key=self._priority)
+            # Only as many as the queue takes, in "newest checkpoint first" order: a full sort
+            # per step would cost more than the uploads of many small files.
+            batch = heapq.nsmallest(QUEUE_FILES - len(state.in_flight), ready, key=self._priority)
             chosen = set(batch)
             ready = [r for r in ready if r not in chosen]
             for relative in batch:
                 if not self._room():
                     return
                 self._consider(relative, now)
+
+    def _wants_more(self) -> bool:
+        """Whether to look for files to queue: while a worker could be idle, or once the
+        queue is down to half (looking costs time in proportion to the files waiting, so it is
+        done for many at a time, not for each upload that ends)."""
+        state = self._state
+        workers = self.settings.workers
+        if len(state.in_flight) < 2 * workers:
+            return True
+        return (
+            len(state.in_flight) <= QUEUE_FILES // 2
+            and state.in_flight_bytes <= QUEUE_BYTES * workers // 2
+        )
 
     def _hand_over(self) -> None:
         """Give the upload stream the small files this step chose, in one list."""

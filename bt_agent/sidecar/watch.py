@@ -3,7 +3,8 @@ handler only enqueues what changed; deciding what to upload happens elsewhere.
 
 Each change is ``(path, whole)``: ``whole`` when a directory appeared (created, or renamed into
 place as HF Trainer does), so everything under it must be looked at. A directory's own
-"modified" events are dropped: every entry that changed inside it has its own event.
+"modified" events are not asked for: every entry that changed inside it has its own event; nor
+are "opened" and "closed without writing" (reads change nothing).
 """
 
 from __future__ import annotations
@@ -36,8 +37,6 @@ class Watcher:
 
         class Enqueue(FileSystemEventHandler):
             def on_any_event(self, event: FileSystemEvent) -> None:
-                if event.event_type in ("opened", "closed_no_write"):
-                    return
                 if event.is_directory:
                     if event.event_type in ("created", "moved"):
                         changes.put((_text(event.dest_path or event.src_path), True))
@@ -55,6 +54,21 @@ class Watcher:
         self._observer = self._observe(Enqueue(), polling=True)
 
     def _observe(self, handler: Any, polling: bool) -> Any:
+        from watchdog import events
+
+        # Not opened / closed-without-writing (every read of a file, the sidecar's own
+        # included, would be two events to discard) nor a directory's "modified" (one more
+        # for each entry created, deleted or renamed in it).
+        wanted = [
+            events.FileCreatedEvent,
+            events.DirCreatedEvent,
+            events.FileModifiedEvent,
+            events.FileMovedEvent,
+            events.DirMovedEvent,
+            events.FileDeletedEvent,
+            events.DirDeletedEvent,
+            events.FileClosedEvent,
+        ]
         if polling:
             from watchdog.observers.polling import PollingObserver
 
@@ -63,7 +77,7 @@ class Watcher:
             from watchdog.observers import Observer
 
             observer = Observer()
-        observer.schedule(handler, str(self.root), recursive=True)
+        observer.schedule(handler, str(self.root), recursive=True, event_filter=wanted)
         observer.daemon = True
         observer.start()
         return observer
