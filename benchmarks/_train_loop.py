@@ -3,6 +3,7 @@ a large checkpoint into $BT_CHECKPOINT_DIR (which the sidecar then uploads while
 on), then train a small MLP on the CPU and record every step's time.
 
     _train_loop.py RESULT_JSON --seconds S [--checkpoint-mib N] [--threads T] [--device cpu]
+        [--cpu N]
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--cpu", type=int, help="run on this CPU only")
     args = parser.parse_args()
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})
     import torch
 
     torch.set_num_threads(args.threads)
