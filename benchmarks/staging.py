@@ -124,8 +124,10 @@ def main() -> int:
                         }
                     )
                 )
+                os.sync()  # neither run pays for the writeback of what ran before it
                 peer = _s5cmd(server, env, url, work / f"s5-{index}")
                 shutil.rmtree(work / f"s5-{index}")
+                os.sync()
                 cold = _stage(spec, work / f"cold-{index}", env)
                 warms = []
                 for attempt in range(WARM_RUNS):  # each a fresh mount from the filled cache

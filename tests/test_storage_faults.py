@@ -7,9 +7,11 @@ import hashlib
 import signal
 import threading
 import time
+import tracemalloc
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import servers
@@ -95,6 +97,41 @@ def test_store_back_within_the_retries_completes_the_upload(
     reviver.join()
     assert result.sha256 == hashlib.sha256(source.read_bytes()).hexdigest()
     assert store.read_bytes("model.bin") == source.read_bytes()
+
+
+def test_a_failed_multipart_upload_stops_reading_and_keeps_no_part(
+    s3_server: servers.SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every part answered with InternalError (a stand-in at the SDK call: SeaweedFS gives no
+    such answer on demand; the upload's own code runs as is). The upload reads no further than
+    the parts already in flight, and the error, kept by whoever reports it, holds no part's
+    bytes: a 64 MiB file retried three times once held every part of every attempt."""
+    store = _store(s3_server, RetryPolicy(attempts=3, base_seconds=0.01, cap_seconds=0.02))
+    source = _big_file(tmp_path, 64 * MiB)
+    sent: list[int] = []
+    call = S3Store._call
+
+    def failing(self: S3Store, key: str, operation: str, **kwargs: Any) -> Any:
+        if operation != "upload_part":
+            return call(self, key, operation, **kwargs)
+        sent.append(kwargs["PartNumber"])
+        time.sleep(0.02)
+        raise TransientStoreError("InternalError: We encountered an internal error", key)
+
+    monkeypatch.setattr(S3Store, "_call", failing)
+    assert not store.exists("model.bin")  # the client built (its models: 11 MiB) before measuring
+    tracemalloc.start()
+    try:
+        with pytest.raises(TransientStoreError, match="gave up after 3 attempts") as caught:
+            store.upload_file(source, "model.bin")
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert caught.value is not None  # the error is alive while memory is measured
+    parts_per_attempt = 64 // 5 + 1
+    assert len(sent) < 3 * parts_per_attempt / 2, sent
+    assert held < 4 * 5 * MiB, f"{held / MiB:.0f} MiB held after the failure"
+    assert store._memory.held == 0
 
 
 def test_byte_budget_bounds_what_is_held_at_once() -> None:

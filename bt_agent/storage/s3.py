@@ -124,6 +124,22 @@ def _precondition_failed(exc: Exception) -> bool:
     return code in _CONFLICT or status == 412
 
 
+def _without_frames(exc: BaseException) -> BaseException:
+    """``exc`` with no traceback along its chain of causes: the frames would keep their
+    locals alive (a request's body among them)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        current.__traceback__ = None
+        current = current.__cause__ or current.__context__
+    return exc
+
+
+def _failed_future(future: Future[Any]) -> bool:
+    return not future.cancelled() and future.exception() is not None
+
+
 def _b64(digest: bytes) -> str:
     return base64.b64encode(digest).decode()
 
@@ -589,15 +605,23 @@ class S3Store(ObjectStore):
         whole = hashlib.sha256()
         futures: list[Future[dict[str, Any]]] = []
         taken: list[int] = []
+        failed = threading.Event()  # a part failed: read no more of the file
         try:
             with open(path, "rb") as handle:
                 for number in range(1, math.ceil(size / part_size) + 1):
                     taken.append(self._memory.acquire(part_size))  # backpressure
+                    if failed.is_set():
+                        break
                     data = handle.read(part_size)
                     whole.update(data)
-                    futures.append(
-                        self._parts.submit(self._put_part, key, upload_id, number, data, taken[-1])
+                    future = self._parts.submit(
+                        self._put_part, key, upload_id, number, data, taken[-1]
                     )
+                    del data  # held by the part until it is sent, then by no one
+                    future.add_done_callback(
+                        lambda done: failed.set() if _failed_future(done) else None
+                    )
+                    futures.append(future)
             parts = [future.result() for future in futures]
             self._call(
                 key,
@@ -612,6 +636,7 @@ class S3Store(ObjectStore):
                     self._memory.release(held)  # never started: its worker cannot give it back
             if len(taken) > len(futures):
                 self._memory.release(taken[-1])  # read, never submitted
+            wait(futures)  # parts being sent end (and give their memory back) before the abort
             self._abort(key, upload_id)
             raise
         return whole.hexdigest()
@@ -631,6 +656,11 @@ class S3Store(ObjectStore):
                 ChecksumSHA256=checksum,
             )
             return {"PartNumber": number, "ETag": response["ETag"], "ChecksumSHA256": checksum}
+        except BaseException as exc:
+            # A failed part's bytes must not live on in its error's frames (each attempt's
+            # failed parts would, for as long as the error is kept).
+            del data
+            raise _without_frames(exc)  # noqa: B904 (the same exception, not a new one)
         finally:
             self._memory.release(held)
 
