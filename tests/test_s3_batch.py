@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import servers
-from test_storage import _s3
+from test_storage import _s3, put_lying_object
 
 from bt_agent.errors import IntegrityError, TransientStoreError
 from bt_agent.settings import Environ
@@ -92,13 +92,7 @@ def test_content_that_differs_from_its_sha256_is_not_placed(
     s3_server: servers.SeaweedFS, tmp_path: Path
 ) -> None:
     store = _store(s3_server)
-    store._call(
-        "k",
-        "put_object",
-        Key=store._key("lying.bin"),
-        Body=b"actual content",
-        Metadata={"sha256": hashlib.sha256(b"other content").hexdigest()},
-    )
+    put_lying_object(store, "lying.bin")
     told = _Told()
     store.download_batch(iter(_wanted(store, tmp_path)), told)
     assert isinstance(told.outcomes["lying.bin"], IntegrityError)

@@ -328,18 +328,23 @@ def test_s3_service_rejects_a_wrong_checksum(s3_server: servers.SeaweedFS) -> No
     assert not store.exists("bad.bin")
 
 
+def put_lying_object(store: S3Store, key: str) -> None:
+    """An object whose sha256 metadata names other content (corruption at rest)."""
+    store._call(
+        "k",
+        "put_object",
+        Key=store._key(key),
+        Body=b"actual content",
+        Metadata={"sha256": hashlib.sha256(b"other content").hexdigest()},
+    )
+
+
 def test_s3_download_detects_content_that_differs_from_its_sha256(
     s3_server: servers.SeaweedFS, tmp_path: Path
 ) -> None:
     store = _s3(s3_server).make()
     assert isinstance(store, S3Store)
-    store._call(
-        "k",
-        "put_object",
-        Key=store._key("lying.bin"),
-        Body=b"actual content",
-        Metadata={"sha256": hashlib.sha256(b"other content").hexdigest()},
-    )
+    put_lying_object(store, "lying.bin")
     with pytest.raises(IntegrityError, match="does not match"):
         store.download("lying.bin", tmp_path / "lying.bin")
     assert not list(tmp_path.iterdir())

@@ -321,8 +321,8 @@ class Sidecar:
 
     def _submit(self, now: float) -> None:
         state = self._state
-        if not self._wants_more():
-            return
+        if not self._room(share=2):
+            return  # looking costs time in proportion to the files waiting: not for each upload
         ready = [r for r, due in state.pending.items() if due <= now and r not in state.in_flight]
         while ready and self._room():
             # Only as many as the queue takes, in "newest checkpoint first" order: a full sort
@@ -335,35 +335,26 @@ class Sidecar:
                     return
                 self._consider(relative, now)
 
-    def _wants_more(self) -> bool:
-        """Whether to look for files to queue: while a worker could be idle, or once the
-        queue is down to half (looking costs time in proportion to the files waiting, so it is
-        done for many at a time, not for each upload that ends)."""
-        state = self._state
-        workers = self.settings.workers
-        if len(state.in_flight) < 2 * workers:
-            return True
-        return (
-            len(state.in_flight) <= QUEUE_FILES // 2
-            and state.in_flight_bytes <= QUEUE_BYTES * workers // 2
-        )
-
     def _hand_over(self) -> None:
         """Give the upload stream the small files this step chose, in one list."""
         if self._to_stream:
             self._stream_in.put(self._to_stream)
             self._to_stream = []
 
-    def _room(self) -> bool:
+    def _room(self, share: int = 1) -> bool:
         """Whether the queue takes another file: always while a worker could be idle, then
-        up to QUEUE_FILES files and QUEUE_BYTES per worker. A queue of many small files keeps
+        up to QUEUE_FILES files and QUEUE_BYTES per worker (divided by ``share``: the coordinator
+        looks for files only once the queue is down to half). A queue of many small files keeps
         the workers busy between the coordinator's steps; a short one in bytes keeps "newest
         checkpoint first" meaningful for large files."""
         state = self._state
         workers = self.settings.workers
         if len(state.in_flight) < 2 * workers:
             return True
-        return len(state.in_flight) < QUEUE_FILES and state.in_flight_bytes < QUEUE_BYTES * workers
+        return (
+            len(state.in_flight) < QUEUE_FILES // share
+            and state.in_flight_bytes < QUEUE_BYTES * workers // share
+        )
 
     def _priority(self, relative: str) -> tuple[int, str]:
         return (-self._state.newest.get(checkpoint_of(relative), 0), relative)

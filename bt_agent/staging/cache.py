@@ -114,8 +114,8 @@ class NodeCache:
 
     def prepare(self, entries: Iterable[str]) -> None:
         """Create the directories that ``entries`` will go in."""
-        for parent in {self.path(entry).parent for entry in entries}:
-            parent.mkdir(parents=True, exist_ok=True)
+        for prefix in {entry[:2] for entry in entries}:
+            (self.objects / prefix).mkdir(parents=True, exist_ok=True)
 
     def has(self, entry: str) -> bool:
         return os.path.isfile(self._where(entry))

@@ -277,19 +277,21 @@ class WeightsStager:
         def claimed() -> Iterator[Wanted]:
             for item in todo:
                 self._check_stop()
+                if self.cluster is not None and self.cluster.has(item.entry):
+                    left.append(item)  # copied from the cluster tier, one by one
+                    continue
                 claim = self.cache.claim(item.entry)
-                if claim is None or (self.cluster and self.cluster.has(item.entry)):
-                    left.append(item)  # another agent is fetching it, or the cluster has it
-                elif self.cache.has(item.entry):  # another agent fetched it meanwhile
+                if claim is None:
+                    left.append(item)  # another agent is fetching it: wait for it there
+                    continue
+                if self.cache.has(item.entry):  # another agent fetched it meanwhile
+                    claim.release()
                     tally.fetched(item, hit=True)
                     progress.add(item.info.size)
-                else:
-                    path = self.cache.path(item.entry)
-                    held[path] = (item, claim)
-                    yield Wanted(path, item.info, mode=ENTRY_MODE)
                     continue
-                if claim is not None:
-                    claim.release()
+                path = self.cache.path(item.entry)
+                held[path] = (item, claim)
+                yield Wanted(path, item.info, mode=ENTRY_MODE)
 
         def finished(wanted: Wanted, error: Exception | None) -> None:
             item, claim = held.pop(wanted.destination)

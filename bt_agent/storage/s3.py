@@ -498,9 +498,7 @@ class S3Store(ObjectStore):
         if isinstance(outcome, NeedsSDK):
             self._direct = None
             return TransientStoreError(f"{self.uri(key)}: {outcome}; retried through botocore")
-        if isinstance(outcome, NetworkError):
-            return self._unreachable(key, str(outcome))
-        return outcome
+        return self._error(outcome, key) if isinstance(outcome, Exception) else outcome
 
     def _download_direct(self, client: DirectS3, key: str, target: Path) -> Fetched | None:
         with client.open("GET", self._key(key)) as response:
