@@ -32,7 +32,9 @@ def save(name, size):
             f.write(os.urandom(MiB))
 
 save("checkpoint-1", 3 * MiB)
-time.sleep(1.5)
+deadline = time.monotonic() + 30  # the disk fills once checkpoint-1 is committed, however slow
+while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:
+    time.sleep(0.05)
 try:
     save("checkpoint-2", 20 * MiB)
 except OSError as exc:
@@ -89,8 +91,9 @@ def test_a_checkpoint_cut_short_by_a_full_disk_is_never_committed(
     agent: Agent, full_dir: Path, mode: str, code: int, committed: list[str]
 ) -> None:
     job_id = f"full{mode[:3]}"
+    manifest = agent.store / f"projects/default/jobs/{job_id}/manifests/rank-0/checkpoint-1.json"
     result = agent.run_job(
-        trainer_job(agent, TRAINER, mode),
+        trainer_job(agent, TRAINER, f"{mode} {manifest}"),
         "--job-id",
         job_id,
         env={"BT_CHECKPOINT_QUIET_SECONDS": "0.3"},
