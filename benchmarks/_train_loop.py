@@ -1,9 +1,12 @@
 """The start command of benchmarks/checkpoint_upload.py's step-time comparison: optionally write
 a large checkpoint into $BT_CHECKPOINT_DIR (which the sidecar then uploads while training goes
-on), then train a small MLP on the CPU and record every step's time.
+on), then train an MLP (on the CPU, or a GPU) and record every step's time.
 
-    _train_loop.py RESULT_JSON --seconds S [--checkpoint-mib N] [--threads T] [--device cpu]
-        [--cpu N]
+    _train_loop.py RESULT_JSON --seconds S [--checkpoint-mib N] [--threads T]
+        [--device cpu|cuda] [--width W] [--batch B] [--cpu N]
+
+On ``cuda`` the matrix products use TF32, as trainers do, and each step ends with a
+synchronize so that its time is the GPU's too.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--cpu", type=int, help="run on this CPU only")
     args = parser.parse_args()
     if args.cpu is not None:
@@ -32,12 +36,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
     width = args.width
     model = torch.nn.Sequential(
         torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width)
     ).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    batch = torch.randn(64, width, device=device)
+    batch = torch.randn(args.batch, width, device=device)
     if args.checkpoint_mib:
         directory = Path(os.environ["BT_CHECKPOINT_DIR"]) / "checkpoint-0"
         directory.mkdir(parents=True, exist_ok=True)
@@ -59,7 +65,8 @@ def main() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize()
         steps.append(time.perf_counter() - start)
-    args.result.write_text(json.dumps({"steps": steps, "starts": starts}))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    args.result.write_text(json.dumps({"steps": steps, "starts": starts, "device": name}))
 
 
 if __name__ == "__main__":

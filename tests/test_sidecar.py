@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import signal
@@ -49,6 +50,103 @@ def node_record(agent: Agent, job_id: str) -> dict[str, Any]:
 
 
 # --- writers like real trainers ----------------------------------------------------------
+
+
+def test_watcher_says_which_changes_are_settled(tmp_path: Path) -> None:
+    """A file closed after writing, or renamed into place (a file or a whole directory), is
+    complete as the event comes; a write still open is not."""
+    import queue
+
+    from bt_agent.sidecar.watch import Change, Watcher
+
+    changes: queue.SimpleQueue[Change] = queue.SimpleQueue()
+    watcher = Watcher(tmp_path, changes)
+    watcher.start()
+    seen: list[Change] = []
+    try:
+        with open(tmp_path / "open.bin", "wb") as handle:
+            handle.write(b"x" * 1000)
+            handle.flush()
+            (tmp_path / "closed.bin").write_bytes(b"y")
+            (tmp_path / "tmp-checkpoint-1").mkdir()
+            (tmp_path / "tmp-checkpoint-1" / "model.bin").write_bytes(b"z")
+            (tmp_path / "tmp-checkpoint-1").rename(tmp_path / "checkpoint-1")
+            (tmp_path / "closed.bin").rename(tmp_path / "renamed.bin")
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not any(
+                c.path.endswith("renamed.bin") for c in seen
+            ):
+                with contextlib.suppress(queue.Empty):
+                    seen.append(changes.get(timeout=0.1))
+            opened = [c for c in seen if c.path == str(tmp_path / "open.bin")]
+    finally:
+        watcher.stop()
+
+    def settled(name: str) -> set[bool]:
+        return {c.settled for c in seen if c.path == str(tmp_path / name)}
+
+    assert opened and not any(c.settled for c in opened), seen  # while it was open
+    assert True in settled("closed.bin"), seen
+    assert settled("renamed.bin") == {True}, seen
+    assert Change(str(tmp_path / "checkpoint-1"), whole=True, settled=True) in seen, seen
+
+
+def test_settled_files_wait_the_short_period_and_open_ones_the_quiet_period(
+    tmp_path: Path,
+) -> None:
+    from bt_agent.catalog import Catalog
+    from bt_agent.log import AgentLog
+    from bt_agent.sidecar.files import CheckpointDir
+    from bt_agent.sidecar.journal import Journal
+    from bt_agent.sidecar.uploader import Owner, Sidecar, SidecarSettings
+    from bt_agent.sidecar.watch import Change
+
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    settings = SidecarSettings(quiet_seconds=0.5, settle_seconds=0.1)
+    sidecar = Sidecar(
+        CheckpointDir(root),
+        Catalog(open_store(f"file://{tmp_path / 'store'}")),
+        Owner("p", "j", 0),
+        Journal(tmp_path / "journal.sqlite", "j", 0),
+        AgentLog(io.StringIO()),
+        settings,
+    )
+    for change in [
+        Change(str(root / "a.bin")),  # written, still open
+        Change(str(root / "b.bin")),
+        Change(str(root / "b.bin"), settled=True),  # then closed
+        Change(str(root / "c.bin"), settled=True),
+        Change(str(root / "c.bin")),  # closed, then written again
+    ]:
+        sidecar._changes.put(change)
+    sidecar._take_changes(100.0)
+    assert sidecar._state.pending == {"a.bin": 100.5, "b.bin": 100.1, "c.bin": 100.5}
+    sidecar.journal.close()
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("{root}/checkpoint-1/model.safetensors", "checkpoint-1/model.safetensors"),
+        ("{root}/trainer_state.json", "trainer_state.json"),
+        ("{root}/./checkpoint-1/a.bin", "checkpoint-1/a.bin"),  # not normalized: relpath
+        ("{root}//checkpoint-1/a.bin", "checkpoint-1/a.bin"),
+        ("{root}/checkpoint-1/../a.bin", "a.bin"),
+        ("{root}/../elsewhere/a.bin", None),
+        ("{root}-other/a.bin", None),  # shares the root's name as a prefix only
+        ("{root}", None),
+        ("{root}/", None),
+        ("{root}/tmp-checkpoint-2/a.bin", None),  # work in progress (HF Trainer)
+    ],
+)
+def test_event_paths_are_made_relative_to_the_checkpoint_dir(
+    tmp_path: Path, path: str, expected: str | None
+) -> None:
+    from bt_agent.sidecar.files import CheckpointDir
+
+    root = tmp_path / "ckpt"
+    assert CheckpointDir(root).relative(path.format(root=root)) == expected
 
 
 @pytest.mark.parametrize(

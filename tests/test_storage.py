@@ -7,8 +7,10 @@ ranged static file server with a self-signed certificate).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import uuid
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -326,6 +328,16 @@ def test_s3_service_rejects_a_wrong_checksum(s3_server: servers.SeaweedFS) -> No
     )
     assert isinstance(store._failed(reply, "bad.bin"), IntegrityError)
     assert not store.exists("bad.bin")
+    # A multipart part carries its CRC32, which the service verifies as well.
+    upload = store._call(
+        "big.bin", "create_multipart_upload", Key=store._key("big.bin"), ChecksumAlgorithm="CRC32"
+    )
+    part = {"partNumber": "1", "uploadId": upload["UploadId"]}
+    wrong_crc = base64.b64encode(zlib.crc32(b"other").to_bytes(4, "big")).decode()
+    reply = store.direct.request(
+        "PUT", store._key("big.bin"), {"x-amz-checksum-crc32": wrong_crc}, b"content", part
+    )
+    assert isinstance(store._failed(reply, "big.bin"), IntegrityError)
 
 
 def put_lying_object(store: S3Store, key: str) -> None:

@@ -9,9 +9,8 @@ import threading
 import time
 import tracemalloc
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 import pytest
 import servers
@@ -22,6 +21,7 @@ from bt_agent.storage import open_store
 from bt_agent.storage.budget import ByteBudget
 from bt_agent.storage.retry import RetryPolicy, retry
 from bt_agent.storage.s3 import S3Store, S3Tuning
+from bt_agent.storage.s3_direct import DirectS3, Reply
 
 MiB = 1024 * 1024
 
@@ -99,26 +99,70 @@ def test_store_back_within_the_retries_completes_the_upload(
     assert store.read_bytes("model.bin") == source.read_bytes()
 
 
+def _intercept_parts(
+    monkeypatch: pytest.MonkeyPatch,
+    answer: Callable[[Callable[[], Reply], Mapping[str, str]], Reply],
+) -> None:
+    """The direct path's UploadPart requests answered by ``answer(send, query)`` (``send()``
+    makes the real request), a stand-in for answers SeaweedFS gives on no demand; every other
+    request goes through as it is."""
+    request = DirectS3.request
+
+    def intercepted(
+        self: DirectS3,
+        method: str,
+        key: str,
+        headers: Mapping[str, str] | None = None,
+        body: bytes | None = None,
+        query: Mapping[str, str] | None = None,
+    ) -> Reply:
+        def send() -> Reply:
+            return request(self, method, key, headers, body, query)
+
+        return answer(send, query) if query and "partNumber" in query else send()
+
+    monkeypatch.setattr(DirectS3, "request", intercepted)
+
+
+def test_a_part_answer_the_direct_path_cannot_read_goes_through_botocore(
+    s3_server: servers.SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service that answers an UploadPart without an ETag (a stand-in for the answer, at the
+    direct path's request): the store turns to botocore for good and the upload completes."""
+    store = _store(s3_server, RetryPolicy(attempts=3, base_seconds=0.01, cap_seconds=0.02))
+    source = _big_file(tmp_path, 12 * MiB)
+
+    def without_etag(send: Callable[[], Reply], query: Mapping[str, str]) -> Reply:
+        reply = send()
+        reply.headers.pop("etag", None)
+        return reply
+
+    _intercept_parts(monkeypatch, without_etag)
+    result = store.upload_file(source, "model.bin")
+    assert store.direct is None  # botocore from now on
+    assert result.sha256 == hashlib.sha256(source.read_bytes()).hexdigest()
+    assert store.read_bytes("model.bin") == source.read_bytes()
+
+
 def test_a_failed_multipart_upload_stops_reading_and_keeps_no_part(
     s3_server: servers.SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every part answered with InternalError (a stand-in at the SDK call: SeaweedFS gives no
-    such answer on demand; the upload's own code runs as is). The upload reads no further than
-    the parts already in flight, and the error, kept by whoever reports it, holds no part's
-    bytes: a 64 MiB file retried three times once held every part of every attempt."""
+    """Every part answered with InternalError (a stand-in for the answer, at the direct path's
+    request: SeaweedFS gives no such answer on demand; the upload's own code, the answer's
+    parsing included, runs as is). The upload reads no further than the parts already in
+    flight, and the error, kept by whoever reports it, holds no part's bytes: a 64 MiB file
+    retried three times once held every part of every attempt."""
     store = _store(s3_server, RetryPolicy(attempts=3, base_seconds=0.01, cap_seconds=0.02))
     source = _big_file(tmp_path, 64 * MiB)
-    sent: list[int] = []
-    call = S3Store._call
+    sent: list[str] = []
+    internal = b"<Error><Code>InternalError</Code><Message>internal error</Message></Error>"
 
-    def failing(self: S3Store, key: str, operation: str, **kwargs: Any) -> Any:
-        if operation != "upload_part":
-            return call(self, key, operation, **kwargs)
-        sent.append(kwargs["PartNumber"])
+    def failing(send: Callable[[], Reply], query: Mapping[str, str]) -> Reply:
+        sent.append(query["partNumber"])
         time.sleep(0.02)
-        raise TransientStoreError("InternalError: We encountered an internal error", key)
+        return Reply(500, {}, internal)
 
-    monkeypatch.setattr(S3Store, "_call", failing)
+    _intercept_parts(monkeypatch, failing)
     assert not store.exists("model.bin")  # the client built (its models: 11 MiB) before measuring
     tracemalloc.start()
     try:

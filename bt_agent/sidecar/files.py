@@ -83,17 +83,29 @@ class CheckpointDir:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._real_root = os.path.realpath(root)
+        self._prefix = os.path.join(os.path.abspath(root), "")
 
     def relative(self, path: str) -> str | None:
         """``path`` relative to the root, or None when outside it or work in progress."""
-        try:
-            relative = os.path.relpath(path, self.root)
-        except ValueError:
-            return None
-        if relative == "." or relative.startswith(".." + os.sep) or relative == "..":
-            return None
-        relative = relative.replace(os.sep, "/")
+        relative = self._under_prefix(path)
+        if relative is None:
+            try:
+                relative = os.path.relpath(path, self.root)
+            except ValueError:
+                return None
+            if relative == "." or relative.startswith(".." + os.sep) or relative == "..":
+                return None
+            relative = relative.replace(os.sep, "/")
         return None if transient(relative) else relative
+
+    def _under_prefix(self, path: str) -> str | None:
+        """The common case, three times per file written, without ``relpath``'s two
+        ``abspath``: an absolute path under the root with no ``.``, ``..`` or empty part."""
+        if os.sep != "/" or not path.startswith(self._prefix):
+            return None
+        relative = path[len(self._prefix) :]
+        parts = relative.split("/")
+        return None if "" in parts or "." in parts or ".." in parts else relative
 
     def classify(self, relative: str) -> Candidate | Skipped | None:
         """What ``relative`` is now: a candidate, a skipped entry, or None (gone, or a

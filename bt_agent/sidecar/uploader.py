@@ -4,8 +4,10 @@ One coordinator thread owns all the state; watchdog's thread only enqueues chang
 fixed pool of daemon worker threads only uploads (a daemon, so that an upload stuck on a dead
 store never holds the agent past its deadline). Never on the training process.
 
-- A file is uploaded once it has been quiet (no event) for ``quiet_seconds``; if it changed
-  during its upload (size, mtime or inode differ after the read) it is uploaded again.
+- A file is uploaded once it has been quiet (no event) for ``quiet_seconds``, or for
+  ``settle_seconds`` when its last event said it was complete (closed after writing, or renamed
+  into place); if it changed during its upload (size, mtime or inode differ after the read) it
+  is uploaded again.
 - A failed upload is retried with capped backoff for as long as the job runs; never dropped.
 - A checkpoint is committed (its manifest written, last) when every file in it is durable and it
   has been quiet; one that changes after its commit is committed again. A committed file about to
@@ -49,7 +51,7 @@ from bt_agent.sidecar.files import (
 from bt_agent.sidecar.journal import Journal
 from bt_agent.sidecar.space import FullDisk
 from bt_agent.sidecar.stats import UploadStats
-from bt_agent.sidecar.watch import Watcher
+from bt_agent.sidecar.watch import Change, Watcher
 from bt_agent.storage.base import Upload
 
 TICK = 0.1
@@ -65,6 +67,7 @@ QUEUE_BYTES = 16 * MiB
 @dataclass(frozen=True)
 class SidecarSettings:
     quiet_seconds: float = 0.5  # no change for this long: a file is ready, a checkpoint complete
+    settle_seconds: float = 0.1  # a file closed after writing (or renamed in): ready after this
     workers: int = 16  # uploads at a time; memory is bounded by the store, not by this
     backlog_interval: float = 30.0  # seconds between backlog lines while uploads wait
     retry_cap: float = 30.0  # longest wait between two attempts of a failed upload
@@ -179,7 +182,7 @@ class Sidecar:
         self.on_commit = on_commit
         self.stats = UploadStats()
         self._state = _State()
-        self._changes: queue.SimpleQueue[tuple[str, bool]] = queue.SimpleQueue()
+        self._changes: queue.SimpleQueue[Change] = queue.SimpleQueue()
         self._work: queue.SimpleQueue[Candidate | None] = queue.SimpleQueue()
         self._done: queue.SimpleQueue[_Done] = queue.SimpleQueue()
         # Small files go to the store's upload stream, where it has one (one thread, many
@@ -209,7 +212,7 @@ class Sidecar:
         state.dirty = {checkpoint_of(r) for r in state.durable}
         now = time.monotonic()
         for relative in self.dir.walk():
-            self._mark(relative, now, quiet=False)
+            self._mark(relative, now, 0.0)
         self.watcher.start()
         self.log.info(
             f"checkpoints: watching {self.dir.root} ({self.watcher.method}); "
@@ -234,7 +237,7 @@ class Sidecar:
         the drain goes, since a stop signal shortens it) passes."""
         started = time.monotonic()
         self.watcher.stop()
-        self._changes.put((str(self.dir.root), True))
+        self._changes.put(Change(str(self.dir.root), whole=True))
         self._draining = True
         self._idle.clear()
         self._wake.set()
@@ -294,30 +297,38 @@ class Sidecar:
         state = self._state
         return state.busy() | state.dirty
 
-    def _mark(self, relative: str, now: float, quiet: bool = True) -> None:
+    def _mark(self, relative: str, now: float, wait: float, settled: bool = False) -> None:
+        """``relative`` changed: upload it once ``wait`` has passed without another change (a
+        settled file's wait replaces the longer one of the writes before its close)."""
         state = self._state
         if self._draining and relative not in state.attempts:
             state.pending[relative] = now  # the writers are gone: no quiet period to wait for
+        elif settled:
+            state.pending[relative] = now + wait
         else:
-            wait = self.settings.quiet_seconds if quiet else 0.0
             state.pending[relative] = max(now + wait, state.pending.get(relative, 0.0))
         state.touched[checkpoint_of(relative)] = now
+
+    def _changed(self, relative: str, now: float, settled: bool = False) -> None:
+        wait = self.settings.settle_seconds if settled else self.settings.quiet_seconds
+        self._mark(relative, now, wait, settled)
 
     def _take_changes(self, now: float) -> None:
         while True:
             try:
-                path, whole = self._changes.get_nowait()
+                change = self._changes.get_nowait()
             except queue.Empty:
                 return
-            if whole:  # a directory that appeared (or the whole dir, at the drain)
+            path = change.path
+            if change.whole:  # a directory that appeared (or the whole dir, at the drain)
                 under = self.dir.relative(path) if path != str(self.dir.root) else ""
                 if under is not None:
                     for inner in self.dir.walk(under):
-                        self._mark(inner, now)
+                        self._changed(inner, now, change.settled)
                 continue
             relative = self.dir.relative(path)
             if relative is not None:
-                self._mark(relative, now)
+                self._changed(relative, now, change.settled)
 
     def _submit(self, now: float) -> None:
         state = self._state
@@ -417,7 +428,7 @@ class Sidecar:
             elif not isinstance(done.after, Candidate):
                 continue  # gone (deleted, renamed away) while it was uploading
             elif done.after.sig != done.file.sig:
-                self._mark(relative, now)  # changed during the upload: upload again
+                self._changed(relative, now)  # changed during the upload: upload again
             else:
                 assert done.sha256 is not None
                 durable.append((relative, done.file.sig, done.sha256))
@@ -529,7 +540,7 @@ class Sidecar:
             if not isinstance(found, Candidate):
                 continue  # deleted locally: no longer part of the checkpoint
             if found.sig != sig:
-                self._mark(relative, now)  # changed since its upload: not complete yet
+                self._changed(relative, now)  # changed since its upload: not complete yet
                 return
             files.append((relative, sig, sha256))
         if not files:

@@ -1,25 +1,33 @@
 """watchdog on the checkpoint dir: inotify where the kernel offers it, polling elsewhere. The
 handler only enqueues what changed; deciding what to upload happens elsewhere.
 
-Each change is ``(path, whole)``: ``whole`` when a directory appeared (created, or renamed into
-place as HF Trainer does), so everything under it must be looked at. A directory's own
-"modified" events are not asked for: every entry that changed inside it has its own event; nor
-are "opened" and "closed without writing" (reads change nothing).
+Each change is a :class:`Change`: ``whole`` when a directory appeared (created, or renamed into
+place as HF Trainer does), so everything under it must be looked at; ``settled`` when what the
+path holds was complete as the event came (a file closed after writing, or a file or directory
+renamed into place), rather than possibly still being written. A directory's own "modified"
+events are not asked for: every entry that changed inside it has its own event; nor are
+"opened" and "closed without writing" (reads change nothing).
 """
 
 from __future__ import annotations
 
 import queue
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 #: Seconds between two scans when watching by polling.
 POLL_INTERVAL = 1.0
 
 
+class Change(NamedTuple):
+    path: str
+    whole: bool = False  # a directory: look at everything under it
+    settled: bool = False  # complete as of the event: closed after writing, or renamed into place
+
+
 class Watcher:
     def __init__(
-        self, root: Path, changes: queue.SimpleQueue[tuple[str, bool]], polling: bool = False
+        self, root: Path, changes: queue.SimpleQueue[Change], polling: bool = False
     ) -> None:
         self.root = root
         self.changes = changes
@@ -37,13 +45,15 @@ class Watcher:
 
         class Enqueue(FileSystemEventHandler):
             def on_any_event(self, event: FileSystemEvent) -> None:
+                moved = event.event_type == "moved"
                 if event.is_directory:
-                    if event.event_type in ("created", "moved"):
-                        changes.put((_text(event.dest_path or event.src_path), True))
+                    if event.event_type == "created" or moved:
+                        path = _text(event.dest_path or event.src_path)
+                        changes.put(Change(path, whole=True, settled=moved))
                     return
-                changes.put((_text(event.src_path), False))
+                changes.put(Change(_text(event.src_path), settled=event.event_type == "closed"))
                 if event.dest_path:
-                    changes.put((_text(event.dest_path), False))
+                    changes.put(Change(_text(event.dest_path), settled=True))
 
         if not self.polling:
             try:

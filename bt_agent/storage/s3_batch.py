@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -35,6 +35,20 @@ READ_BUFFER = 64 * 1024
 #: How often an upload waiting for the store's memory budget asks again.
 BUDGET_POLL_SECONDS = 0.005
 U = TypeVar("U", bound=Upload)
+T = TypeVar("T")
+
+
+#: ``asyncio.timeout`` where Python has it (3.11): ``wait_for`` there wraps each request in a
+#: task of its own, a cost that thousands of small requests feel.
+_TIMEOUT = getattr(asyncio, "timeout", None)
+
+
+async def _within(awaitable: Awaitable[T], seconds: float) -> T:
+    """``awaitable``'s result, or TimeoutError after ``seconds``."""
+    if _TIMEOUT is None:  # Python 3.10
+        return await asyncio.wait_for(awaitable, seconds)
+    async with _TIMEOUT(seconds):
+        return await awaitable
 
 
 class Declined(Exception):
@@ -59,9 +73,8 @@ class _Connection:
     async def exchange(self, request: bytes, body: bytes, max_body: int) -> tuple[Answer, bool]:
         """The answer to ``request``, and whether the connection may carry another."""
         self.used = True
-        self.writer.write(request)
+        self.writer.write(request + body if body else request)  # one send for small bodies
         if body:
-            self.writer.write(body)
             await self.writer.drain()
         head = await self.reader.readuntil(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
@@ -111,7 +124,7 @@ class Requests:
             if connection is None:
                 connection = await self._connect()
             try:
-                answer, keep = await asyncio.wait_for(
+                answer, keep = await _within(
                     connection.exchange(request, body, max_body), self.direct.timeout
                 )
             except (ConnectionError, asyncio.IncompleteReadError) as exc:
@@ -136,7 +149,7 @@ class Requests:
     async def _connect(self) -> _Connection:
         context = self.direct.tls_context() if self.tls else None
         try:
-            reader, writer = await asyncio.wait_for(
+            reader, writer = await _within(
                 asyncio.open_connection(
                     self.host,
                     self.port,

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from bt_agent.storage.sigv4 import Signer, canonical_path
+from bt_agent.storage.sigv4 import Signer, canonical_path, canonical_query
 
 _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
 
@@ -125,14 +125,21 @@ class DirectS3:
             connection.close()
 
     def _send(
-        self, method: str, key: str, headers: Mapping[str, str], body: bytes | None
+        self,
+        method: str,
+        key: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        query: Mapping[str, str] | None = None,
     ) -> http.client.HTTPResponse:
         path = canonical_path(f"{self.endpoint.base_path}/{key}")
-        signed = self.signer.sign(method, self.endpoint.host, path, headers)
+        params = canonical_query(query) if query else ""
+        signed = self.signer.sign(method, self.endpoint.host, path, headers, params)
+        target = f"{path}?{params}" if params else path
         for attempt in (0, 1):
             connection, reused = self._connection()
             try:
-                connection.request(method, path, body=body, headers=signed)
+                connection.request(method, target, body=body, headers=signed)
                 return connection.getresponse()
             except _STALE as exc:
                 self._discard()
@@ -150,10 +157,11 @@ class DirectS3:
         key: str,
         headers: Mapping[str, str] | None = None,
         body: bytes | None = None,
+        query: Mapping[str, str] | None = None,
     ) -> Iterator[http.client.HTTPResponse]:
         """The response, its body left to read; redirects raise :class:`NeedsSDK`. The
         connection is kept for the next request only if the body was read to its end."""
-        response = self._send(method, key, headers or {}, body)
+        response = self._send(method, key, headers or {}, body, query)
         try:
             if 300 <= response.status < 400:
                 raise NeedsSDK(f"HTTP {response.status}")
@@ -168,9 +176,10 @@ class DirectS3:
         key: str,
         headers: Mapping[str, str] | None = None,
         body: bytes | None = None,
+        query: Mapping[str, str] | None = None,
     ) -> Reply:
         """The whole answer to one request."""
-        with self.open(method, key, headers, body) as response:
+        with self.open(method, key, headers, body, query) as response:
             data = read(response)
             return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, data)
 

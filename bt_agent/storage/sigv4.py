@@ -1,8 +1,9 @@
 """AWS Signature Version 4 for S3 requests whose payload is protected by its own checksum.
 
-The payload is declared ``UNSIGNED-PAYLOAD``: every body the agent sends carries
-``x-amz-checksum-sha256``, a signed header the service verifies, so signing the payload too would
-hash each byte again. The signing key is derived once per day and region and cached.
+The payload is declared ``UNSIGNED-PAYLOAD``: every body the agent sends carries its checksum
+(``x-amz-checksum-sha256``, or ``-crc32`` for a multipart part), a signed header the service
+verifies, so signing the payload too would hash each byte again. The signing key is derived once
+per day and region and cached.
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ def canonical_path(path: str) -> str:
     """The request path as sent and as signed: every byte but unreserved ones and ``/``
     percent-encoded (S3 does not normalize paths, so the two are the same)."""
     return quote(path, safe="/~")
+
+
+def canonical_query(params: Mapping[str, str]) -> str:
+    """A query string as sent and as signed: sorted by name, every byte but unreserved ones
+    percent-encoded."""
+    return "&".join(
+        f"{quote(name, safe='-_.~')}={quote(value, safe='-_.~')}"
+        for name, value in sorted(params.items())
+    )
 
 
 class Signer:
