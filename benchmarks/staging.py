@@ -37,6 +37,12 @@ WARM_RUNS = 3
 #: Cold runs per shape, each interleaved with an s5cmd run; the medians are compared (single
 #: cold runs of the same build spread by up to 2x on this shared machine).
 COLD_RUNS = 3
+#: A shape of more files than this keeps every run's output (and cache) until the shape is
+#: done: ext4 passes over inodes freed in the last minute or more when it allocates new ones,
+#: so a run right after deleting thousands of files pays for scanning past them
+#: (``recently_deleted`` led the kernel's profile of s5cmd and the agent alike, and runs of
+#: either took 2-4x as long), whichever tool ran before it.
+KEEP_FILES = 1000
 
 
 def _model(
@@ -104,7 +110,6 @@ def main() -> int:
             "AWS_SECRET_ACCESS_KEY": servers.SECRET_KEY,
             "AWS_DEFAULT_REGION": "us-east-1",
             "AWS_ENDPOINT_URL": server.endpoint,
-            "BT_NODE_CACHE_DIR": str(work / "cache"),
         }
         try:
             server.create_bucket("weights")
@@ -116,8 +121,13 @@ def main() -> int:
             for index, (shape, source) in enumerate(shapes.items()):
                 url = f"s3://weights/shape{index}"
                 _upload(server, env, source, url)
-                size = sum(p.stat().st_size for p in source.iterdir())
-                shutil.rmtree(source)
+                files = list(source.iterdir())
+                size = sum(p.stat().st_size for p in files)
+                # Many files: the source and each run's output are kept until the shape is
+                # done (see KEEP_FILES).
+                keep = len(files) > KEEP_FILES
+                if not keep:
+                    shutil.rmtree(source)
                 spec = work / f"spec{index}.json"
                 spec.write_text(
                     json.dumps(
@@ -131,22 +141,25 @@ def main() -> int:
                 )
                 peers, colds = [], []
                 for attempt in range(COLD_RUNS):  # interleaved, each from an empty cache
+                    run = f"{index}-{attempt}"
+                    env["BT_NODE_CACHE_DIR"] = str(work / f"cache-{run}")
                     os.sync()  # neither run pays for the writeback of what ran before it
-                    peers.append(_s5cmd(server, env, url, work / f"s5-{index}"))
-                    shutil.rmtree(work / f"s5-{index}")
+                    peers.append(_s5cmd(server, env, url, work / f"s5-{run}"))
+                    if not keep:
+                        shutil.rmtree(work / f"s5-{run}")
                     os.sync()
-                    colds.append(_stage(spec, work / f"cold-{index}-{attempt}", env))
-                    if attempt + 1 < COLD_RUNS:
-                        shutil.rmtree(work / f"cold-{index}-{attempt}")
-                        shutil.rmtree(work / "cache")
+                    colds.append(_stage(spec, work / f"cold-{run}", env))
+                    if attempt + 1 < COLD_RUNS and not keep:
+                        shutil.rmtree(work / f"cold-{run}")
+                        shutil.rmtree(work / f"cache-{run}")
                 peer, cold = statistics.median(peers), statistics.median(colds)
                 warms = []
                 for attempt in range(WARM_RUNS):  # each a fresh mount from the filled cache
                     warms.append(_stage(spec, work / f"warm-{index}-{attempt}", env))
                     shutil.rmtree(work / f"warm-{index}-{attempt}")
                 warm = statistics.median(warms)
-                shutil.rmtree(work / f"cold-{index}-{COLD_RUNS - 1}")
-                shutil.rmtree(work / "cache")
+                for leftover in [*work.glob(f"*-{index}-*"), source]:  # outputs, caches
+                    shutil.rmtree(leftover, ignore_errors=True)
                 rows.append(
                     {
                         "shape": shape,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from bt_agent.errors import IntegrityError
 from bt_agent.storage.base import ObjectInfo, Wanted
 from bt_agent.storage.credentials import S3Keys
 from bt_agent.storage.retry import RetryPolicy
@@ -180,4 +181,19 @@ def test_a_batch_leaves_a_redirect_to_the_one_object_path(
     items = [Wanted(tmp_path / n, ObjectInfo(n, 4, "etag")) for n in ("a", "b")]
     told = _batch(_store(endpoint), items)
     assert list(told) == ["a"] and isinstance(told["a"], Declined)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_server_that_ignores_ranges_fails_the_download(
+    stub: tuple[type[_Recorder], str], tmp_path: Path
+) -> None:
+    """Stand-in for a server that answers a ranged GET with the whole object (200): its start
+    must not be written at a range's offset; the download fails and leaves nothing."""
+    handler, endpoint = stub
+    size = 20 * 1024 * 1024  # above the multipart threshold: ranged GETs
+    handler.answer = (200, bytes(range(256)) * (size // 256), False)
+    store = _store(endpoint)
+    target = tmp_path / "model.bin"
+    with pytest.raises(IntegrityError, match="ignores Range"):
+        store.download("model.bin", target, ObjectInfo("model.bin", size, "etag"))
     assert list(tmp_path.iterdir()) == []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -377,3 +379,31 @@ def test_a_key_that_would_escape_the_mount_fails_the_plan(key: str, tmp_path: Pa
     with pytest.raises(UnsafeKeyError, match="refusing object key"):
         plan_source(0, weights, store, tmp_path / "mount")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_staging_from_s3_with_keys_in_the_environment_imports_no_botocore(
+    agent: Agent, s3_server: servers.SeaweedFS
+) -> None:
+    """Start-up time: with the keys and the region in the standard variables, listing and
+    fetching (ranged GETs included) take the direct path, and botocore (0.2 s to import and
+    build a client) is never loaded."""
+    files = {"model.safetensors": bytes(range(256)) * 4096 * 17, "config.json": b"{}"}  # 17 MiB
+    url = _seed_s3(s3_server, files)
+    spec = agent.spec(_job([{"source": url, "mount_location": "/app/model"}], "true"))
+    seen = agent.root / "modules.json"
+    probe = (
+        "import json, runpy, sys\n"
+        f"sys.argv = ['bt-agent', 'stage', {str(spec)!r}, *{agent.context_args()!r}]\n"
+        "try:\n    runpy.run_module('bt_agent', run_name='__main__')\n"
+        "except SystemExit as exc:\n    code = exc.code\n"
+        f"open({str(seen)!r}, 'w').write(json.dumps([code, sorted(sys.modules)]))\n"
+    )
+    env = {**s3_server.client_env(), **agent.full_env()}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
+    )
+    code, modules = json.loads(seen.read_text())
+    assert code in (0, None), done.stderr
+    mounted = agent.node_root / "app" / "model"
+    assert {p.name: p.read_bytes() for p in mounted.iterdir()} == files
+    assert not [m for m in modules if m.split(".")[0] in ("botocore", "boto3")], done.stderr

@@ -7,7 +7,7 @@ from urllib.parse import unquote, urlparse
 from bt_agent.errors import UsageError
 from bt_agent.settings import Environ
 from bt_agent.storage.base import ObjectStore
-from bt_agent.storage.credentials import gcs_service_account, s3_keys
+from bt_agent.storage.credentials import S3Keys, gcs_service_account, s3_keys
 from bt_agent.storage.file import FileStore
 
 R2_ENDPOINT = "https://{account}.r2.cloudflarestorage.com"
@@ -16,6 +16,7 @@ S3_DIRECT_VARIABLE = "BT_S3_DIRECT"  # "0": every S3 request through botocore
 #: Settings only botocore honours: where one is set, S3 requests all go through botocore.
 _SDK_ONLY = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
 CA_BUNDLE_VARIABLE = "AWS_CA_BUNDLE"  # trusted by botocore and by the direct path alike
+REGION_VARIABLE = "AWS_DEFAULT_REGION"  # botocore's; where unset, botocore reads the profile
 
 
 def open_store(
@@ -32,11 +33,12 @@ def open_store(
     if scheme == "s3":
         from bt_agent.storage.s3 import S3Store
 
-        keys = s3_keys(secret, secret_name) if secret is not None else None
+        keys = s3_keys(secret, secret_name) if secret is not None else _environment_keys(environ)
         return S3Store(
             parsed.netloc,
             parsed.path,
             keys=keys,
+            region=None if keys and keys.region else environ.get(REGION_VARIABLE),
             endpoint_url=environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL"),
             direct_requests=_direct_requests(environ),
             ca_bundle=environ.get(CA_BUNDLE_VARIABLE),
@@ -77,7 +79,7 @@ def _r2(url: str, environ: Environ, secret: str | None, secret_name: str) -> Obj
     if not dot or not account or not bucket:
         raise UsageError(f"invalid R2 URL {url!r}: use r2://<account_id>.<bucket>/path")
     endpoint = environ.get(R2_ENDPOINT_VARIABLE) or R2_ENDPOINT.format(account=account)
-    keys = s3_keys(secret, secret_name) if secret is not None else None
+    keys = s3_keys(secret, secret_name) if secret is not None else _environment_keys(environ)
     return S3Store(
         bucket,
         parsed.path,
@@ -88,6 +90,16 @@ def _r2(url: str, environ: Environ, secret: str | None, secret_name: str) -> Obj
         direct_requests=_direct_requests(environ),
         ca_bundle=environ.get(CA_BUNDLE_VARIABLE),
     )
+
+
+def _environment_keys(environ: Environ) -> S3Keys | None:
+    """The keys of the standard AWS variables, when both are set: what botocore's credential
+    chain takes first too (before profiles and instance roles), read here so that the direct
+    path needs no botocore."""
+    key_id, secret_key = environ.get("AWS_ACCESS_KEY_ID"), environ.get("AWS_SECRET_ACCESS_KEY")
+    if not key_id or not secret_key:
+        return None
+    return S3Keys(key_id, secret_key, session_token=environ.get("AWS_SESSION_TOKEN") or None)
 
 
 def _direct_requests(environ: Environ) -> bool:

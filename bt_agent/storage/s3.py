@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import http.client
 import math
 import os
 import threading
@@ -43,14 +44,15 @@ from bt_agent.storage.base import (
 from bt_agent.storage.budget import ByteBudget
 from bt_agent.storage.credentials import S3Keys
 from bt_agent.storage.keys import join_key, relative_key
+from bt_agent.storage.receive import Receiver, Span
 from bt_agent.storage.s3_direct import (
     DirectS3,
     Endpoint,
     NeedsSDK,
     NetworkError,
     Reply,
+    parse_listing,
     read,
-    read_into,
 )
 from bt_agent.storage.sigv4 import Keys, Signer
 
@@ -62,9 +64,6 @@ MAX_PARTS = 10_000
 SHA256_META = "sha256"
 META_HEADER = "x-amz-meta-" + SHA256_META
 READ_TIMEOUT = 60.0
-#: Ranged downloads pass through a buffer of this size per thread: small enough to stay in
-#: the CPU's cache between the socket's copy into it and the copy into the page cache.
-RANGE_BUFFER = 64 * 1024
 T = TypeVar("T")
 _NOT_FOUND = {"NoSuchKey", "NoSuchBucket", "404", "NotFound"}
 _DENIED = {
@@ -197,11 +196,12 @@ class S3Store(ObjectStore):
         self._client: Any = None
         self._session: Any = None
         self._direct: DirectS3 | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the direct path may build the client
+        self._direct_decided = False
         self._parts = ThreadPoolExecutor(self.tuning.concurrency, thread_name_prefix="bt-s3")
         # Bytes read for uploads and not yet sent, whatever the number of uploads at once.
         self._memory = ByteBudget(self.tuning.upload_memory)
-        self._buffers = threading.local()
+        self._receivers = threading.local()
 
     # --- the SDK boundary --------------------------------------------------------------------
 
@@ -210,39 +210,39 @@ class S3Store(ObjectStore):
         with self._lock:
             if self._client is None:
                 self._client = self._make_client()
-                self._direct = self._make_direct(self._client) if self.direct_requests else None
             return self._client
 
     @property
     def direct(self) -> DirectS3 | None:
-        """The direct path for single-object requests, None where botocore does them."""
-        self.client  # noqa: B018 (built together)
-        return self._direct
+        """The direct path for single-object requests and listings, None where botocore does
+        them. Where the keys and the region are known without botocore (a secret, or the
+        environment), it is built without it: staging from S3 then never imports botocore,
+        which costs 0.2 s of every start."""
+        with self._lock:
+            if not self._direct_decided:
+                self._direct = self._make_direct() if self.direct_requests else None
+                self._direct_decided = True
+            return self._direct
 
-    def _make_direct(self, client: Any) -> DirectS3 | None:
-        region = self.region or client.meta.region_name
+    def _make_direct(self) -> DirectS3 | None:
+        region = self.region or self.client.meta.region_name
         endpoint = Endpoint.for_bucket(self.endpoint_url, self.bucket, region)
         keys = self._keys_source()
         if endpoint is None or keys is None:
             return None
-        from botocore.httpsession import DEFAULT_CA_BUNDLE  # botocore's own trust store
-
-        return DirectS3(
-            endpoint,
-            Signer(keys, region),
-            timeout=READ_TIMEOUT,
-            ca_file=self.ca_bundle or DEFAULT_CA_BUNDLE,
-        )
+        return DirectS3(endpoint, Signer(keys, region), READ_TIMEOUT, self.ca_bundle)
 
     def _keys_source(self) -> Callable[[], Keys] | None:
-        """Where the direct path gets its credentials: the secret's keys, else what botocore
-        found (environment, profile, instance role), refreshed when they expire."""
+        """Where the direct path gets its credentials: the keys given (a secret's, or the
+        environment's), else what botocore finds (profile, instance role), refreshed when they
+        expire."""
         if self.keys is not None:
             keys = Keys(
                 self.keys.access_key_id, self.keys.secret_access_key, self.keys.session_token
             )
             return lambda: keys
-        credentials = self._session.get_credentials()  # resolved once already, for the client
+        self.client  # noqa: B018 (its session resolves the credentials)
+        credentials = self._session.get_credentials()
         if credentials is None:
             return None  # botocore says what is missing
 
@@ -324,10 +324,10 @@ class S3Store(ObjectStore):
 
     def _error(self, exc: Exception, key: str) -> Exception:
         """The typed error for an exception of botocore or of the direct path."""
-        from botocore import exceptions as bx
-
         if isinstance(exc, NetworkError):
             return self._unreachable(key, str(exc))
+        from botocore import exceptions as bx
+
         if isinstance(exc, bx.ClientError):
             error = exc.response.get("Error", {})
             status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
@@ -385,11 +385,40 @@ class S3Store(ObjectStore):
     # --- the core ----------------------------------------------------------------------------
 
     def _list(self, prefix: str) -> list[ObjectInfo]:
+        under = self._key(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
+        return self._either(
+            prefix,
+            lambda client: self._list_direct(client, prefix, under),
+            lambda: self._list_sdk(prefix, under),
+        )
+
+    def _list_direct(self, client: DirectS3, prefix: str, under: str) -> list[ObjectInfo]:
+        found = []
+        query = {
+            "list-type": "2",
+            "prefix": under,
+            "max-keys": str(self.tuning.list_page_size),
+            "encoding-type": "url",  # any key survives XML; botocore asks for the same
+        }
+        while True:
+            reply = client.request("GET", "", query=query)
+            if reply.status != 200:
+                raise self._failed(reply, prefix)
+            page = parse_listing(reply.body)
+            found += [
+                ObjectInfo(relative_key(self.prefix, key), size, etag)
+                for key, size, etag in page.objects
+            ]
+            if page.next_token is None:
+                return found
+            query["continuation-token"] = page.next_token
+
+    def _list_sdk(self, prefix: str, under: str) -> list[ObjectInfo]:
         found = []
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket,
-                Prefix=self._key(prefix) if prefix else (self.prefix + "/" if self.prefix else ""),
+                Prefix=under,
                 PaginationConfig={"PageSize": self.tuning.list_page_size},
             )
             for page in pages:
@@ -549,23 +578,18 @@ class S3Store(ObjectStore):
     def _fetch_range(
         self, key: str, fd: int, start: int, length: int, writing: threading.Lock
     ) -> None:
-        """One range of the object written at its offset, through a reused buffer: no
-        allocation of the range's size per request."""
-        span = f"bytes={start}-{start + length - 1}"
+        """One range of the object written at its offset (spliced from the socket where the
+        connection is plain TCP, else through a reused buffer: no allocation of the range's
+        size per request)."""
+        span = Span(fd, start, length, writing)
 
         def direct(client: DirectS3) -> None:
-            with client.open("GET", self._key(key), {"range": span}) as response:
+            headers = {"range": f"bytes={start}-{start + length - 1}"}
+            with client.open("GET", self._key(key), headers) as response:
                 if response.status not in (200, 206):
                     raise self._failed(Reply(response.status, {}, read(response)), key)
-                view = self._buffer()
-                done = 0
-                while done < length:
-                    got = read_into(response, view[: min(len(view), length - done)])
-                    if not got:
-                        break
-                    with writing:  # one writer per file: the kernel's inode lock spins
-                        os.pwrite(fd, view[:got], start + done)
-                    done += got
+                self._check_range(key, response, span)
+                done = self._receiver().receive(response, span, client.splice_timeout)
             self._check_length(key, start, done, length)
 
         def sdk() -> None:
@@ -576,16 +600,26 @@ class S3Store(ObjectStore):
 
         self._either(key, direct, sdk)
 
+    def _check_range(self, key: str, response: http.client.HTTPResponse, span: Span) -> None:
+        """A whole object (200) answers a range only when the range is the whole object: a
+        server that ignores ``Range`` must not have the object's start written at an offset."""
+        if response.status == 200 and (span.offset or response.length != span.length):
+            raise IntegrityError(
+                f"{self.uri(key)}: asked for {span.length} bytes from {span.offset}, the server "
+                "sent the whole object (it ignores Range requests)",
+                self.uri(key),
+            )
+
     def _check_length(self, key: str, start: int, got: int, length: int) -> None:
         if got != length:
             raise TransientStoreError(f"{self.uri(key)}: short read at {start}", self.uri(key))
 
-    def _buffer(self) -> memoryview:
-        """This thread's transfer buffer."""
-        buffer: memoryview | None = getattr(self._buffers, "view", None)
-        if buffer is None:
-            buffer = self._buffers.view = memoryview(bytearray(RANGE_BUFFER))
-        return buffer
+    def _receiver(self) -> Receiver:
+        """This thread's receiver of ranged bodies."""
+        receiver: Receiver | None = getattr(self._receivers, "receiver", None)
+        if receiver is None:
+            receiver = self._receivers.receiver = Receiver()
+        return receiver
 
     def _upload(self, path: Path, key: str) -> str:
         size = path.stat().st_size

@@ -19,7 +19,8 @@ import ssl
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import unquote_plus, urlsplit
+from xml.etree import ElementTree
 
 from bt_agent.storage.sigv4 import Signer, canonical_path, canonical_query
 
@@ -85,7 +86,7 @@ class DirectS3:
         endpoint: Endpoint,
         signer: Signer,
         timeout: float = 60.0,
-        ca_file: str | None = None,
+        ca_file: str | None = None,  # None: botocore's own trust store, as botocore would use
     ) -> None:
         self.endpoint = endpoint
         self.signer = signer
@@ -94,6 +95,12 @@ class DirectS3:
         self._local = threading.local()
         self._tls_lock = threading.Lock()
         self._tls_context: ssl.SSLContext | None = None
+
+    @property
+    def splice_timeout(self) -> float | None:
+        """The read timeout where bodies may be spliced from the socket (plain TCP), None
+        where they cannot (TLS)."""
+        return self.timeout if self.endpoint.scheme == "http" else None
 
     def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
         """This thread's connection, and whether it was used before."""
@@ -115,7 +122,8 @@ class DirectS3:
         takes tens of milliseconds a warm start need not spend)."""
         with self._tls_lock:
             if self._tls_context is None:
-                self._tls_context = ssl.create_default_context(cafile=self.ca_file)
+                cafile = self.ca_file or _default_ca_bundle()
+                self._tls_context = ssl.create_default_context(cafile=cafile)
             return self._tls_context
 
     def _discard(self) -> None:
@@ -182,6 +190,43 @@ class DirectS3:
         with self.open(method, key, headers, body, query) as response:
             data = read(response)
             return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, data)
+
+
+def _default_ca_bundle() -> str:
+    """botocore's trust store (certifi's where it is installed): what botocore itself trusts."""
+    from botocore.httpsession import DEFAULT_CA_BUNDLE
+
+    bundle: str = DEFAULT_CA_BUNDLE
+    return bundle
+
+
+@dataclass(frozen=True)
+class Listing:
+    """One page of a ListObjectsV2 answer asked with ``encoding-type=url``."""
+
+    objects: list[tuple[str, int, str]]  # key (decoded), size, ETag (unquoted)
+    next_token: str | None  # where the next page starts; None after the last
+
+
+def parse_listing(body: bytes) -> Listing:
+    """A ListObjectsV2 page, its keys URL-decoded as botocore decodes them; a page this cannot
+    follow raises :class:`NeedsSDK`."""
+    root = ElementTree.fromstring(body)
+    ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+    objects = [
+        (
+            unquote_plus(item.findtext(f"{ns}Key") or ""),
+            int(item.findtext(f"{ns}Size") or 0),
+            (item.findtext(f"{ns}ETag") or "").strip('"'),
+        )
+        for item in root.iter(f"{ns}Contents")
+    ]
+    if (root.findtext(f"{ns}IsTruncated") or "").lower() != "true":
+        return Listing(objects, None)
+    token = root.findtext(f"{ns}NextContinuationToken")
+    if not token:
+        raise NeedsSDK("a truncated listing without a continuation token")
+    return Listing(objects, token)
 
 
 @contextlib.contextmanager
