@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import stat
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -239,3 +240,43 @@ def test_an_upload_stream_outlives_a_store_outage(
     for key in during:
         assert isinstance(outcomes[key], TransientStoreError), outcomes[key]
         assert "cannot reach" in str(outcomes[key])
+
+
+def test_an_upload_stream_that_fails_tells_every_file_it_took(
+    s3_server: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    """The stream itself failing (a stand-in: the caller's own ``finished`` raising once, an
+    error the stream's workers do not expect) loses no file it took: each is told once, the
+    files not yet sent with the stream's error, so that the sidecar uploads them again."""
+    store = _store(s3_server)
+    files = _files(tmp_path / "src", 40)
+    keys = list(files)
+    lists: list[list[str] | None] = [keys[:20], keys[20:], None]
+    taken: list[str] = []
+    outcomes: dict[str, str | Exception] = {}
+    broken = [True]
+
+    def take() -> list[Upload] | None:
+        step = lists.pop(0) if lists else None
+        if step is None:
+            return None
+        taken.extend(step)
+        return _uploads(tmp_path / "src", step)
+
+    def finished(upload: Upload, outcome: str | Exception) -> None:
+        if broken.pop() if broken else False:
+            raise RuntimeError("a bug in the caller's bookkeeping")
+        assert upload.key not in outcomes, "told twice"
+        outcomes[upload.key] = outcome
+
+    with pytest.raises(RuntimeError, match="bookkeeping"):
+        store.upload_stream(take, finished)
+    for thread in threading.enumerate():  # the feed may still be taking the second list
+        if thread.name == "bt-upload-feed":
+            thread.join(10)
+    assert sorted(outcomes) == sorted(taken) and taken, "every file taken was told"
+    for key, outcome in outcomes.items():
+        assert outcome == hashlib.sha256(files[key]).hexdigest() or (
+            isinstance(outcome, RuntimeError) and "bookkeeping" in str(outcome)
+        ), (key, outcome)
+    assert any(isinstance(outcome, RuntimeError) for outcome in outcomes.values())

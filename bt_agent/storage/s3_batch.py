@@ -17,6 +17,7 @@ A connection the server closed while idle is replaced once before a request coun
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -260,11 +261,49 @@ class BatchGet:
         return connection
 
 
+class _Handed(Generic[U]):
+    """The files an upload stream has taken and not yet told of, so that a stream that fails
+    tells each of them its error instead of losing it. Taken on the feed's thread; told, and
+    failed, on the stream's."""
+
+    def __init__(self, finished: Callable[[U, str | Exception], None]) -> None:
+        self._finished = finished
+        self._lock = threading.Lock()
+        self._open: dict[int, U] = {}  # id -> file: files need not be hashable
+        self._error: Exception | None = None
+
+    def took(self, items: Sequence[U]) -> bool:
+        """Record ``items`` as taken; False (each told the error) once the stream has failed."""
+        with self._lock:
+            error = self._error
+            if error is None:
+                self._open.update((id(item), item) for item in items)
+                return True
+        for item in items:
+            self._finished(item, error)
+        return False
+
+    def tell(self, item: U, outcome: str | Exception) -> None:
+        self._finished(item, outcome)  # if this raises, the file stays open: failed below
+        with self._lock:
+            self._open.pop(id(item), None)
+
+    def fail(self, exc: BaseException) -> None:
+        error = exc if isinstance(exc, Exception) else RuntimeError(f"upload stream: {exc!r}")
+        with self._lock:
+            self._error = error
+            left, self._open = list(self._open.values()), {}
+        for item in left:
+            with contextlib.suppress(Exception):  # the next one is told all the same
+                self._finished(item, error)
+
+
 class PutStream(Generic[U]):
     """Uploads of small files, ``connections`` at a time, for as long as ``take()`` (called
     on a thread of its own, blocking until it has files; None when there will be no more)
-    hands files over. ``finished(upload, sha256 or error)`` is told of each, from the loop's
-    thread; the file's content is held within the store's ``budget`` while it is sent."""
+    hands files over. ``finished(upload, sha256 or error)`` is told of each, once, from the
+    loop's thread (or, after the stream failed, from the thread that hit the failure); the
+    file's content is held within the store's ``budget`` while it is sent."""
 
     def __init__(
         self,
@@ -288,13 +327,17 @@ class PutStream(Generic[U]):
         take: Callable[[], Sequence[U] | None],
         finished: Callable[[U, str | Exception], None],
     ) -> None:
-        asyncio.run(self._run(take, finished))
+        """Upload what ``take()`` hands over until it says None. Every file taken is told
+        once; if the stream itself fails, the files taken and not yet told are told its
+        error (the caller retries them) before the error is raised."""
+        handed = _Handed(finished)
+        try:
+            asyncio.run(self._run(take, handed))
+        except BaseException as exc:
+            handed.fail(exc)
+            raise
 
-    async def _run(
-        self,
-        take: Callable[[], Sequence[U] | None],
-        finished: Callable[[U, str | Exception], None],
-    ) -> None:
+    async def _run(self, take: Callable[[], Sequence[U] | None], handed: _Handed[U]) -> None:
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[U | None] = asyncio.Queue()
 
@@ -305,18 +348,19 @@ class PutStream(Generic[U]):
         def feed() -> None:
             while True:
                 items = take()
-                loop.call_soon_threadsafe(deliver, items)
+                if not handed.took(items or ()):
+                    return  # the stream failed: these were told its error
+                try:
+                    loop.call_soon_threadsafe(deliver, items)
+                except RuntimeError:  # the loop has ended (failed): told by run()
+                    return
                 if items is None:
                     return
 
         threading.Thread(target=feed, name="bt-upload-feed", daemon=True).start()
-        await asyncio.gather(*(self._worker(inbox, finished) for _ in range(self.connections)))
+        await asyncio.gather(*(self._worker(inbox, handed) for _ in range(self.connections)))
 
-    async def _worker(
-        self,
-        inbox: asyncio.Queue[U | None],
-        finished: Callable[[U, str | Exception], None],
-    ) -> None:
+    async def _worker(self, inbox: asyncio.Queue[U | None], handed: _Handed[U]) -> None:
         connection: _Connection | None = None
         while (item := await inbox.get()) is not None:
             outcome: str | Exception
@@ -324,7 +368,7 @@ class PutStream(Generic[U]):
                 outcome, connection = await self._put(item, connection)
             except Exception as exc:
                 outcome, connection = exc, None
-            finished(item, outcome)
+            handed.tell(item, outcome)
         if connection is not None:
             connection.close()
 
