@@ -24,7 +24,7 @@ from bt_agent.storage.credentials import S3Keys
 from bt_agent.storage.retry import RetryPolicy
 from bt_agent.storage.s3 import S3Store
 from bt_agent.storage.s3_batch import BatchGet, Declined
-from bt_agent.storage.s3_direct import Endpoint
+from bt_agent.storage.s3_direct import Endpoint, Listing, NeedsSDK, parse_listing
 from bt_agent.storage.sigv4 import Keys, Signer, canonical_path
 
 
@@ -197,3 +197,40 @@ def test_a_server_that_ignores_ranges_fails_the_download(
     with pytest.raises(IntegrityError, match="ignores Range"):
         store.download("model.bin", target, ObjectInfo("model.bin", size, "etag"))
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (
+            b'<?xml version="1.0" encoding="UTF-8"?>'
+            b'<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+            b"<IsTruncated>true</IsTruncated><EncodingType>url</EncodingType>"
+            b"<Contents><Key>a+b/c%2Bd%20e.bin</Key><Size>12</Size><ETag>&quot;x1&quot;</ETag>"
+            b"</Contents><Contents><Key>%E6%A8%A1.bin</Key><Size>0</Size><ETag>x2</ETag>"
+            b"</Contents><NextContinuationToken>t/1==</NextContinuationToken>"
+            b"</ListBucketResult>",
+            Listing([("a b/c+d e.bin", 12, "x1"), ("\u6a21.bin", 0, "x2")], "t/1=="),
+        ),
+        (
+            b"<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>",
+            Listing([], None),
+        ),
+    ],
+    ids=["a page of a longer listing, keys decoded as botocore does", "the last page"],
+)
+def test_listing_pages_are_parsed(body: bytes, expected: Listing) -> None:
+    assert parse_listing(body) == expected
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"<html>a proxy's page",
+        b"<ListBucketResult><IsTruncated>true</IsTruncated></ListBucketResult>",
+    ],
+    ids=["not XML", "truncated without a token"],
+)
+def test_a_listing_the_direct_path_cannot_follow_goes_to_botocore(body: bytes) -> None:
+    with pytest.raises(NeedsSDK):
+        parse_listing(body)

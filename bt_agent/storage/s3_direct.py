@@ -210,8 +210,11 @@ class Listing:
 
 def parse_listing(body: bytes) -> Listing:
     """A ListObjectsV2 page, its keys URL-decoded as botocore decodes them; a page this cannot
-    follow raises :class:`NeedsSDK`."""
-    root = ElementTree.fromstring(body)
+    follow (not XML, say, from a proxy) raises :class:`NeedsSDK`."""
+    try:
+        root = ElementTree.fromstring(body)
+    except ElementTree.ParseError as exc:
+        raise NeedsSDK(f"a listing that is not XML ({exc})") from None
     ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
     objects = [
         (
