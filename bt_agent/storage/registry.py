@@ -38,7 +38,7 @@ def open_store(
             parsed.netloc,
             parsed.path,
             keys=keys,
-            region=None if keys and keys.region else environ.get(REGION_VARIABLE),
+            region=(keys.region if keys else None) or environ.get(REGION_VARIABLE),
             endpoint_url=environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL"),
             direct_requests=_direct_requests(environ),
             ca_bundle=environ.get(CA_BUNDLE_VARIABLE),
