@@ -20,8 +20,12 @@ store's work on the other vCPU included. Targets: >= 0.9x s5cmd's throughput, co
 step time <= 5% slower, peak RSS <= 150 MB. SeaweedFS runs here on the same machine, standing in
 for a remote store: it is reniced to 19 so that its own CPU is not charged to the node, and for
 the step-time runs it is pinned to the last CPU and the training loop to the first (``--no-pin``:
-neither), as a remote store and a trainer that owns its core would be. The agent is not
-pinned: its upload threads may run anywhere, at the lowest priority.
+neither), as a remote store and a trainer that owns its core would be; pinned, the store runs
+under ``SCHED_IDLE`` like the uploader's threads (at nice 19 it outranked them on its CPU, and
+the scheduler ran them on the loop's instead). The agent is not pinned: its upload threads may
+run anywhere, at the lowest priority. Each step-time row shows the median and the mean step
+(the mean counts the steps in which the loop lost its CPU) and the share of the steps' time the
+loop's thread was on a CPU.
 
 ``--device cuda`` trains the MLP on the GPU instead (wider and on a larger batch, TF32, a
 synchronize per step; target there: <= 2% slower) and writes ``checkpoint_upload_cuda.json``.
@@ -61,6 +65,12 @@ def _renice_all_threads(pid: int, value: int) -> None:
     """Lower every thread of a process (on Linux, niceness is per thread)."""
     for task in Path(f"/proc/{pid}/task").iterdir():
         os.setpriority(os.PRIO_PROCESS, int(task.name), value)
+
+
+def _idle_all_threads(pid: int) -> None:
+    """Put every thread of a process (and the threads they start) under ``SCHED_IDLE``."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setscheduler(int(task.name), os.SCHED_IDLE, os.sched_param(0))
 
 
 def _pin_all_threads(pid: int, cpus: set[int]) -> None:
@@ -211,8 +221,9 @@ class Bench:
     def steps(
         self, mode: str, seconds: float, big_mib: int, run: int
     ) -> tuple[list[float], dict[str, float]]:
-        """One training run's step times (when uploading, only those before the commit), and
-        the CPU seconds the agent and the store used while the training loop ran."""
+        """One training run's step times (when uploading, only those before the commit), the
+        CPU seconds the agent and the store used while the training loop ran, and the share of
+        the counted steps' time that the loop's thread was on a CPU."""
         result = self.work / f"steps-{mode}-{run}.json"
         loop = [
             sys.executable,
@@ -261,9 +272,16 @@ class Bench:
         shutil.rmtree(self.work / f"node-st{mode}{run}", ignore_errors=True)
         data = json.loads(result.read_text())
         self.loop_device = data["device"]
-        steps: list[float] = data["steps"]
-        if cutoff is not None:
-            steps = [s for s, t in zip(steps, data["starts"], strict=True) if t < cutoff]
+        counted = [
+            (step, on_cpu)
+            for step, on_cpu, start in zip(
+                data["steps"], data["on_cpu"], data["starts"], strict=True
+            )
+            if cutoff is None or start < cutoff
+        ]
+        steps = [step for step, _ in counted]
+        # How much of its steps' wall time the loop had a CPU: below 100% it was preempted.
+        cpu["loop_on_cpu_pct"] = 100 * sum(c for _, c in counted) / sum(steps)
         return steps, cpu
 
     def _s5cmd_when_written(
@@ -295,17 +313,20 @@ STEP_RUNS = {
 
 def step_rows(bench: Bench, seconds: float, big_mib: int, repeat: int) -> list[dict[str, Any]]:
     """The three runs, interleaved ``repeat`` times so that drifts of a shared machine fall on
-    all of them alike: each run's median step, and the median of those per kind (identical
-    bare runs differ by up to 25% on this shared 2-core machine, so one run says little)."""
+    all of them alike: each run's median and mean step, and the median of those per kind. The
+    mean counts the steps the loop lost its CPU in (the time a job takes), the median not."""
     medians: dict[str, list[float]] = {mode: [] for mode in STEP_RUNS}
+    means: dict[str, list[float]] = {mode: [] for mode in STEP_RUNS}
     cpu: dict[str, dict[str, float]] = {mode: {} for mode in STEP_RUNS}
     for run in range(repeat):
         for mode in STEP_RUNS:
             steps, used = bench.steps(mode, seconds, big_mib, run)
             medians[mode].append(statistics.median(steps) * 1e3)
+            means[mode].append(statistics.fmean(steps) * 1e3)
             print(
                 f"step time, run {run + 1}/{repeat}, {STEP_RUNS[mode]}: {len(steps)} steps,"
-                f" median {medians[mode][-1]:.2f} ms",
+                f" median {medians[mode][-1]:.2f} ms, mean {means[mode][-1]:.2f} ms, "
+                + ", ".join(f"{key} {value:.2f}" for key, value in used.items()),
                 file=sys.stderr,
                 flush=True,
             )
@@ -316,14 +337,16 @@ def step_rows(bench: Bench, seconds: float, big_mib: int, repeat: int) -> list[d
             "run": label,
             "runs": repeat,
             "median_step_ms": round(statistics.median(medians[mode]), 2),
+            "mean_step_ms": round(statistics.median(means[mode]), 2),
             "run_medians_ms": f"{min(medians[mode]):.1f}-{max(medians[mode]):.1f}",
             **{key: round(value, 2) for key, value in cpu[mode].items()},
         }
         for mode, label in STEP_RUNS.items()
     ]
-    base = rows[1]["median_step_ms"]
+    base, base_mean = rows[1]["median_step_ms"], rows[1]["mean_step_ms"]
     for row in rows:
         row["vs_agent_off"] = f"{(row['median_step_ms'] / base - 1) * 100:+.1f}%"
+        row["mean_vs_agent_off"] = f"{(row['mean_step_ms'] / base_mean - 1) * 100:+.1f}%"
     return rows
 
 
@@ -381,6 +404,9 @@ def main() -> int:
             cpus = sorted(os.sched_getaffinity(0))
             if not args.no_pin and len(cpus) >= 2:
                 _pin_all_threads(server.process.pid, {cpus[-1]})
+                # No higher than the uploader's threads: at nice 19 the store kept the last
+                # CPU from them, and the scheduler ran them on the training loop's instead.
+                _idle_all_threads(server.process.pid)
                 bench.training_cpu = cpus[0]
             steps = step_rows(bench, args.seconds, args.big_mib, args.repeat)
         finally:
