@@ -61,22 +61,25 @@ def _epoch(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
+def _threads(pid: int) -> list[int]:
+    """The thread ids of a process (on Linux, priority and affinity are per thread; the threads
+    a thread starts inherit its own)."""
+    return [int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()]
+
+
 def _renice_all_threads(pid: int, value: int) -> None:
-    """Lower every thread of a process (on Linux, niceness is per thread)."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        os.setpriority(os.PRIO_PROCESS, int(task.name), value)
+    for tid in _threads(pid):
+        os.setpriority(os.PRIO_PROCESS, tid, value)
 
 
 def _idle_all_threads(pid: int) -> None:
-    """Put every thread of a process (and the threads they start) under ``SCHED_IDLE``."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        os.sched_setscheduler(int(task.name), os.SCHED_IDLE, os.sched_param(0))
+    for tid in _threads(pid):
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
 
 
 def _pin_all_threads(pid: int, cpus: set[int]) -> None:
-    """Run every thread of a process (and the threads they start) on ``cpus`` only."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        os.sched_setaffinity(int(task.name), cpus)
+    for tid in _threads(pid):
+        os.sched_setaffinity(tid, cpus)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -312,9 +315,10 @@ STEP_RUNS = {
 
 
 def step_rows(bench: Bench, seconds: float, big_mib: int, repeat: int) -> list[dict[str, Any]]:
-    """The three runs, interleaved ``repeat`` times so that drifts of a shared machine fall on
-    all of them alike: each run's median and mean step, and the median of those per kind. The
-    mean counts the steps the loop lost its CPU in (the time a job takes), the median not."""
+    """The four kinds of run, interleaved ``repeat`` times so that drifts of a shared machine
+    fall on all of them alike: each run's median and mean step, and the median of those per
+    kind. The mean counts the steps the loop lost its CPU in (the time a job takes), the median
+    not."""
     medians: dict[str, list[float]] = {mode: [] for mode in STEP_RUNS}
     means: dict[str, list[float]] = {mode: [] for mode in STEP_RUNS}
     cpu: dict[str, dict[str, float]] = {mode: {} for mode in STEP_RUNS}
@@ -332,7 +336,7 @@ def step_rows(bench: Bench, seconds: float, big_mib: int, repeat: int) -> list[d
             )
             for key, value in used.items():
                 cpu[mode][key] = cpu[mode].get(key, 0.0) + value / repeat
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "run": label,
             "runs": repeat,
@@ -343,10 +347,13 @@ def step_rows(bench: Bench, seconds: float, big_mib: int, repeat: int) -> list[d
         }
         for mode, label in STEP_RUNS.items()
     ]
-    base, base_mean = rows[1]["median_step_ms"], rows[1]["mean_step_ms"]
+    off = rows[1]
     for row in rows:
-        row["vs_agent_off"] = f"{(row['median_step_ms'] / base - 1) * 100:+.1f}%"
-        row["mean_vs_agent_off"] = f"{(row['mean_step_ms'] / base_mean - 1) * 100:+.1f}%"
+        for column, figure in (
+            ("vs_agent_off", "median_step_ms"),
+            ("mean_vs_agent_off", "mean_step_ms"),
+        ):
+            row[column] = f"{(row[figure] / off[figure] - 1) * 100:+.1f}%"
     return rows
 
 
