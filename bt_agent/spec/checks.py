@@ -18,6 +18,7 @@ from bt_agent.spec.models import (
     NamedCheckpoint,
     TrainingJob,
 )
+from bt_agent.spec.schema import join, valid_text
 
 SCRATCH_DIR = "/mnt/bt-scratch"
 WORKING_DIR = "/b10/workspace"
@@ -88,6 +89,32 @@ def _bad_characters(job: TrainingJob) -> list[Problem]:
         for field, path in paths
         if any(c in path for c in "\0\n\r")
     ]
+
+
+def _environment_problems(job: TrainingJob) -> list[Problem]:
+    """Names and values the operating system refuses in an environment (``=`` or NUL in a
+    name, an empty name, NUL in a value), and NUL in a command: caught here, not by a
+    traceback once the job has started."""
+    problems = []
+    base = "runtime.environment_variables"
+    for name, value in job.runtime.environment_variables.items():
+        field = join(base, name)
+        if not name or "=" in name or "\0" in name or not valid_text(name):
+            problems.append(
+                Problem(
+                    field,
+                    "is not a valid environment variable name",
+                    "use letters, digits and underscores",
+                )
+            )
+        elif isinstance(value, str) and "\0" in value:
+            problems.append(Problem(field, "contains a NUL character", "remove it"))
+    problems += [
+        Problem(f"runtime.start_commands[{i}]", "contains a NUL character", "remove it")
+        for i, command in enumerate(job.runtime.start_commands)
+        if "\0" in command
+    ]
+    return problems
 
 
 def _forbidden(path: str) -> str | None:
@@ -233,6 +260,7 @@ def semantic_problems(job: TrainingJob) -> list[Problem]:
     absolute = [d for d in dirs if d.path.startswith("/")]
     return [
         *_compute_problems(job),
+        *_environment_problems(job),
         *_absolute_dirs(dirs),
         *_bad_characters(job),
         *_forbidden_dirs(absolute),

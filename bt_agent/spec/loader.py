@@ -65,6 +65,11 @@ def load(source: str, stdin: TextIO | None = None, config_python: str | None = N
 def _from_json_text(text: str, origin: str, code_dir: Path | None) -> LoadedSpec:
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise SpecError(
+            [Problem("", "the JSON is nested too deeply to be a job spec", "check the file")],
+            origin,
+        ) from None
     except json.JSONDecodeError as exc:
         raise SpecError(
             [

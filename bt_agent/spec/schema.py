@@ -76,9 +76,30 @@ def string(min_length: int = 0) -> Validator:
                 Problem(path, "must not be empty", "give it a value or remove the field")
             )
             return INVALID
+        if not valid_text(value):
+            problems.append(
+                Problem(
+                    path,
+                    "holds a lone surrogate escape (\\ud800-\\udfff), which is not text",
+                    "write the character itself, or a valid pair of escapes",
+                )
+            )
+            return INVALID
         return value
 
     return check
+
+
+def valid_text(value: str) -> bool:
+    """Whether ``value`` can be encoded as UTF-8 (JSON allows lone surrogate escapes, which
+    no file name, environment or command line can hold)."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _quote_hint(value: Any) -> str:

@@ -196,3 +196,66 @@ def test_hostile_config_py_is_a_clean_error(name: str, agent: Agent) -> None:
         check=False,
     )
     assert done.returncode == 2 and not agent.store.exists() and not agent.node_root.exists()
+
+
+# --- values the operating system refuses: refused by validation, before anything is made ----
+
+HOSTILE_RUNTIME = {
+    "env-name-with-equals": (
+        {"environment_variables": {"A=B": "x"}},
+        'runtime.environment_variables["A=B"]',
+    ),
+    "env-name-with-nul": (
+        {"environment_variables": {"A\0B": "x"}},
+        'runtime.environment_variables["A\\u0000B"]',
+    ),
+    "env-name-empty": ({"environment_variables": {"": "x"}}, 'runtime.environment_variables[""]'),
+    "env-value-with-nul": (
+        {"environment_variables": {"A": "x\0y"}},
+        "runtime.environment_variables.A",
+    ),
+    "command-with-nul": ({"start_commands": ["echo a\0b"]}, "runtime.start_commands[0]"),
+    "env-name-with-lone-surrogate": (
+        {"environment_variables": {"A\ud800": "x"}},
+        'runtime.environment_variables["A\\ud800"]',
+    ),
+    "command-with-lone-surrogate": (
+        {"start_commands": ["echo \ud800"]},
+        "runtime.start_commands[0]",
+    ),
+}
+
+
+def _nothing_made(agent: Agent) -> bool:
+    return not agent.store.exists() and not agent.node_root.exists()
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_RUNTIME))
+def test_values_the_system_refuses_are_spec_errors_and_make_nothing(
+    agent: Agent, name: str
+) -> None:
+    runtime, field = HOSTILE_RUNTIME[name]
+    job = {"image": {"base_image": "x"}, "runtime": runtime}
+    for result in (agent("validate", str(agent.spec(job))), agent.run_job(job)):
+        assert result.code == 2, result.text
+        assert "Traceback" not in result.err, result.err
+        assert f"  - {field}: " in result.err, result.err
+    assert _nothing_made(agent), "an invalid spec creates nothing: no record, no log object"
+
+
+@pytest.mark.parametrize("where", ["top", "training_job", "stdin"])
+def test_json_nested_too_deeply_is_a_spec_error(agent: Agent, where: str) -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    text = deep if where != "training_job" else '{"training_job": {"name": ' + deep + "}}"
+    path = agent.root / "deep.json"
+    path.write_text(text)
+    results = (
+        [agent("run", "-", *agent.context_args(), stdin=text)]
+        if where == "stdin"
+        else [agent("validate", str(path)), agent("run", str(path), *agent.context_args())]
+    )
+    for result in results:
+        assert result.code == 2, result.text[-2000:]
+        assert "Traceback" not in result.err, result.err[-2000:]
+        assert "nested too deeply" in result.err, result.err
+    assert _nothing_made(agent)
