@@ -7,14 +7,80 @@ inside a :class:`Secrets` object, whose ``repr`` never shows them, and feed the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from bt_agent.errors import Problem
 from bt_agent.spec.models import SecretReference, TrainingJob
 
 MASK = "***"
+#: Parts of a value (its lines, the strings inside a JSON value) shorter than this are not
+#: masked on their own: too little of the secret to matter, and too common ("{", "true").
+MIN_FRAGMENT = 8
+
+
+class Redactor:
+    """Replaces secret values in text with ``***``: each value whole, and, since a trainer
+    prints what it holds in many shapes, each line of a multi-line value (a PEM key), each
+    string inside a JSON value (a service-account key) and each line of those, every one
+    also as JSON and Python write it escaped. Longest first, in one pass."""
+
+    def __init__(self, values: Iterable[str]) -> None:
+        fragments = {f for value in values if value for f in _fragments(value)}
+        ordered = sorted(fragments, key=len, reverse=True)
+        self.longest = len(ordered[0]) if ordered else 0
+        self._pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+
+    def __call__(self, text: str) -> str:
+        return self._pattern.sub(MASK, text) if self._pattern is not None else text
+
+
+def _fragments(value: str) -> set[str]:
+    """What of ``value`` is masked: the value itself where it is one line, its lines and
+    the strings of its JSON form, each with its escaped forms."""
+    parts = {value} if "\n" not in value and "\r" not in value else set()
+    parts |= _lines(value)
+    for text in _json_strings(value):
+        parts |= {text} | _lines(text) if len(text) >= MIN_FRAGMENT else set()
+    escaped = {form for part in parts for form in _escaped(part)}
+    return {part for part in parts | escaped if part}
+
+
+def _lines(text: str) -> set[str]:
+    return {line.strip() for line in text.splitlines() if len(line.strip()) >= MIN_FRAGMENT}
+
+
+def _escaped(text: str) -> set[str]:
+    return {json.dumps(text)[1:-1], json.dumps(text, ensure_ascii=False)[1:-1], repr(text)[1:-1]}
+
+
+def _json_strings(value: str) -> list[str]:
+    """The strings inside ``value`` read as JSON (none when it is not JSON)."""
+    if not value.lstrip().startswith(("{", "[")):
+        return []
+    try:
+        data = json.loads(value)
+    except (ValueError, RecursionError):
+        return []
+    found: list[str] = []
+    _collect(data, found)
+    return found
+
+
+def _collect(data: Any, found: list[str]) -> None:
+    if isinstance(data, str):
+        found.append(data)
+    elif isinstance(data, dict):
+        for item in data.values():
+            _collect(item, found)
+    elif isinstance(data, list):
+        for item in data:
+            _collect(item, found)
 
 
 @dataclass(frozen=True)
@@ -26,12 +92,10 @@ class Secrets:
     def __repr__(self) -> str:
         return f"Secrets(names={sorted(self.values)})"
 
-    def redact(self, text: str) -> str:
-        """``text`` with every secret value replaced by ``***``, longest values first."""
-        for value in sorted(self.values.values(), key=len, reverse=True):
-            if value:
-                text = text.replace(value, MASK)
-        return text
+    @cached_property
+    def redact(self) -> Redactor:
+        """Call it on text to have every secret value in it replaced by ``***``."""
+        return Redactor(self.values.values())
 
 
 def references(job: TrainingJob) -> Iterator[tuple[str, str]]:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import codecs
 import threading
 from typing import IO, BinaryIO, TextIO
 
-from bt_agent.log import Redact
+from bt_agent.secrets import Redactor
 
 MAX_LINE = 64 * 1024
 
@@ -13,7 +14,7 @@ MAX_LINE = 64 * 1024
 class OutputPump:
     """One thread per child stream; each line is redacted, written through and logged."""
 
-    def __init__(self, log_file: IO[str], redact: Redact) -> None:
+    def __init__(self, log_file: IO[str], redact: Redactor) -> None:
         self.log_file = log_file
         self.redact = redact
         self._lock = threading.Lock()
@@ -27,12 +28,23 @@ class OutputPump:
         self._threads.append(thread)
 
     def _pump(self, source: BinaryIO, sink: TextIO) -> None:
+        """Lines of up to MAX_LINE bytes; a longer line comes in pieces, and the end of each
+        piece that a secret value could start in waits for the next one, so that no value
+        passes unmasked across the cut (nor a character's bytes, decoded across it)."""
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        held = ""
         with source:
             while True:
                 chunk = source.readline(MAX_LINE)
+                text = self.redact(held + decoder.decode(chunk, final=not chunk))
+                held = ""
+                if chunk and not text.endswith("\n"):
+                    cut = max(len(text) - max(self.redact.longest - 1, 0), 0)
+                    text, held = text[:cut], text[cut:]
+                if text:
+                    self._write(text, sink)
                 if not chunk:
                     return
-                self._write(self.redact(chunk.decode("utf-8", errors="replace")), sink)
 
     def _write(self, text: str, sink: TextIO) -> None:
         with self._lock:

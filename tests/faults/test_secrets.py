@@ -78,3 +78,74 @@ def test_secret_values_never_leave_the_child(agent: Agent, s3_server: servers.Se
         assert value.encode() not in produced, f"a secret value leaked: {value[:6]}..."
     assert b"hf_token" in produced and b"good_keys" in produced  # the names are kept
     assert Path(agent.node_root / "app/w/config.json").read_bytes() == b"{}"
+
+
+def _pem(rng_seed: str) -> str:
+    import base64
+    import hashlib
+
+    body = b"".join(hashlib.sha512(f"{rng_seed}{i}".encode()).digest() for i in range(20))
+    text = base64.b64encode(body).decode()
+    lines = [text[i : i + 64] for i in range(0, len(text), 64)]
+    return "\n".join(["-----BEGIN PRIVATE KEY-----", *lines, "-----END PRIVATE KEY-----"])
+
+
+LEAKY_TRAINER = r"""
+import json, os, sys
+key, account, token = os.environ["TLS_KEY"], os.environ["SERVICE_ACCOUNT"], os.environ["TOKEN"]
+print(key)                                   # a PEM key, line by line
+print(account)                               # a service-account JSON, pretty-printed
+print(json.loads(account)["private_key"])    # the key inside it, unescaped
+print(json.loads(account)["private_key_id"])
+print(repr(key), json.dumps(key))            # escaped forms
+print(repr(account))
+for stream in (sys.stdout, sys.stderr):      # a value across the 64 KiB read boundary
+    stream.write("x" * (64 * 1024 - 7) + token + " tail\n")
+    stream.flush()
+print("done", flush=True)
+"""
+
+
+def test_multiline_secrets_and_values_across_reads_are_masked(agent: Agent) -> None:
+    from conftest import trainer_job
+
+    key = _pem("tls")
+    inner = _pem("service-account")
+    account = json.dumps(
+        {
+            "type": "service_account",
+            "private_key_id": uuid.uuid4().hex + "a1b2c3d4",
+            "private_key": inner + "\n",
+            "client_email": "trainer@example-project.iam.gserviceaccount.com",
+        },
+        indent=2,
+    )
+    token = f"tok_{uuid.uuid4().hex}"
+    agent.secret("tls_key", key)
+    agent.secret("service_account", account)
+    agent.secret("token", token)
+    job = trainer_job(agent, LEAKY_TRAINER)
+    job["runtime"]["checkpointing_config"] = {"enabled": False}
+    job["runtime"]["environment_variables"] = {
+        "TLS_KEY": {"name": "tls_key"},
+        "SERVICE_ACCOUNT": {"name": "service_account"},
+        "TOKEN": {"name": "token"},
+    }
+    result = agent.run_job(job, "--job-id", "sec0003")
+    assert result.code == 0, result.text[-3000:]
+    assert result.out.rstrip().endswith("done")
+    logs = agent("jobs", "logs", "sec0003", "--store", str(agent.store))
+    produced = _everything(agent, result.out, result.err, logs.out)
+    secret_lines = [
+        line for text in (key, inner) for line in text.splitlines() if not line.startswith("-----")
+    ]
+    values = [
+        *secret_lines,
+        token,
+        json.loads(account)["private_key_id"],
+        json.dumps(key)[1:-1],
+        repr(account)[1:-1][:200],
+    ]
+    for value in values:
+        assert value.encode() not in produced, f"a secret leaked: {value[:12]}..."
+    assert result.out.count("***") >= len(secret_lines)
