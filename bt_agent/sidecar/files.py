@@ -6,9 +6,9 @@ checkpoint named ``.`` (REFERENCE.md §4). Work in progress is never uploaded: a
 directory named like a temporary one (``tmp-checkpoint-20``, as HF Trainer writes before its
 rename, ``tmp_*``, hidden ``.*``, ``*.tmp``) and files ending ``.tmp``, ``.partial`` or
 ``.incomplete``; after a crash such leftovers would otherwise be committed as checkpoints.
- Only regular files are uploaded, and symlinks that
-resolve to one inside the checkpoint dir; FIFOs, sockets, devices and symlinks that point
-outside are skipped, never opened (opening a FIFO would block).
+Only regular files are uploaded, and symlinks that resolve to one inside the checkpoint dir;
+FIFOs, sockets, devices and any path that leads outside through a symlink are skipped, never
+read (see :mod:`bt_agent.sidecar.beneath`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from bt_agent.sidecar.beneath import KINDS, PATH_FLAGS, Opened, Refused, open_file, stat_at
 
 ROOT_CHECKPOINT = "."
 TEMPORARY_DIR_PREFIXES = ("tmp-", "tmp_", ".")
@@ -71,19 +73,30 @@ def within_checkpoint(relative: str) -> str:
     return relative if checkpoint == ROOT_CHECKPOINT else relative[len(checkpoint) + 1 :]
 
 
-_KINDS = {
-    stat.S_IFIFO: "a FIFO",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-}
-
-
 class CheckpointDir:
+    """The checkpoint dir: its files named relative to it, and reached only through a
+    descriptor of the directory (opened at first use)."""
+
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._real_root = os.path.realpath(root)
         self._prefix = os.path.join(os.path.abspath(root), "")
+        self._fd: int | None = None
+
+    @property
+    def fd(self) -> int:
+        if self._fd is None:
+            self._fd = os.open(self.root, PATH_FLAGS | os.O_DIRECTORY)
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def open(self, relative: str) -> Opened:
+        """``relative`` open for reading (:class:`~bt_agent.sidecar.beneath.Refused` unless a
+        regular file of the dir); the caller closes it."""
+        return open_file(self.fd, relative)
 
     def relative(self, path: str) -> str | None:
         """``path`` relative to the root, or None when outside it or work in progress."""
@@ -110,27 +123,23 @@ class CheckpointDir:
     def classify(self, relative: str) -> Candidate | Skipped | None:
         """What ``relative`` is now: a candidate, a skipped entry, or None (gone, or a
         directory)."""
-        path = self.root / relative
         try:
             relative.encode("utf-8")
         except UnicodeEncodeError:
             return Skipped(relative, "its name is not valid UTF-8, which no store accepts")
         try:
-            info = os.lstat(path)
-            if stat.S_ISLNK(info.st_mode):
-                target = os.path.realpath(path)
-                if os.path.commonpath([target, self._real_root]) != self._real_root:
-                    return Skipped(relative, f"it is a symlink to {target}, outside the dir")
-                info = os.stat(target)
-        except FileNotFoundError:
+            info = stat_at(self.fd, relative)
+        except (FileNotFoundError, NotADirectoryError):
             return None
+        except Refused as exc:
+            return Skipped(relative, exc.reason)
         except OSError as exc:
             return Skipped(relative, f"it cannot be read ({exc.strerror})")
         if stat.S_ISREG(info.st_mode):
             return Candidate(relative, FileSig.of(info))
         if stat.S_ISDIR(info.st_mode):
             return None
-        return Skipped(relative, f"it is {_KINDS.get(stat.S_IFMT(info.st_mode), 'not a file')}")
+        return Skipped(relative, f"it is {KINDS.get(stat.S_IFMT(info.st_mode), 'not a file')}")
 
     def walk(self, under: str = "") -> Iterator[str]:
         """Every non-directory entry under ``under`` (relative), not following directory

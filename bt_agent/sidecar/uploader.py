@@ -40,6 +40,7 @@ from bt_agent.settings import (
     WATCH_POLLING_VARIABLE,
     Environ,
 )
+from bt_agent.sidecar.beneath import Opened, Refused
 from bt_agent.sidecar.files import (
     Candidate,
     CheckpointDir,
@@ -129,9 +130,10 @@ class _Done:
 
 @dataclass(frozen=True)
 class _Streamed(Upload):
-    """A small file handed to the store's upload stream."""
+    """A small file handed to the store's upload stream, open until the stream tells."""
 
     file: Candidate
+    opened: Opened
 
 
 @dataclass
@@ -206,6 +208,7 @@ class Sidecar:
 
     def start(self) -> None:
         """Pick up what an earlier agent on this checkpoint dir left, then watch."""
+        _allow_open_files(QUEUE_FILES * 4)
         state = self._state
         state.durable = self.journal.durable()
         state.commits = self.journal.commits()
@@ -396,9 +399,19 @@ class Sidecar:
         state.in_flight_bytes += found.sig.size
         state.rounds.setdefault(checkpoint, _Round(now))
         if self._stream_limit > 0 and found.sig.size <= self._stream_limit:
-            self._to_stream.append(_Streamed(self.dir.root / relative, self._key(relative), found))
+            self._stream_file(found)
         else:
             self._work.put(found)
+
+    def _stream_file(self, found: Candidate) -> None:
+        """Hand ``found`` to the upload stream, opened now (it is read later, by the stream)."""
+        try:
+            opened = self.dir.open(found.relative)
+        except OSError as exc:
+            self._done.put(self._unreadable(found, exc))
+            return
+        streamed = _Streamed(opened.path, self._key(found.relative), found, opened)
+        self._to_stream.append(streamed)
 
     def _saved_by_earlier_job(self, found: Candidate) -> bool:
         owner = self.journal.earlier_owner(found.relative, found.sig)
@@ -470,13 +483,29 @@ class Sidecar:
             self._wake.set()
 
     def _upload(self, file: Candidate) -> _Done:
+        """Upload ``file`` from a descriptor opened beneath the checkpoint dir: the store reads
+        what was checked to be a regular file of the dir, whatever its name leads to now."""
         try:
-            result = self.catalog.store.upload_file(
-                self.dir.root / file.relative, self._key(file.relative)
-            )
+            with self.dir.open(file.relative) as opened:
+                now = FileSig.of(opened.info)
+                if now != file.sig:  # changed since it was chosen: look at it again
+                    return _Done(file, Candidate(file.relative, now))
+                result = self.catalog.store.upload_file(opened.path, self._key(file.relative))
         except (BtAgentError, OSError) as exc:
-            return _Done(file, error=exc)
+            return self._unreadable(file, exc)
         return _Done(file, self.dir.classify(file.relative), result.sha256)
+
+    @staticmethod
+    def _unreadable(file: Candidate, exc: Exception) -> _Done:
+        """The outcome of an upload that failed: a file that is gone or no longer a regular
+        file of the dir is not retried (the watcher tells what it became); anything else is."""
+        if isinstance(exc, Refused):
+            return _Done(file, Skipped(file.relative, exc.reason))
+        if isinstance(exc, FileNotFoundError | NotADirectoryError) and not isinstance(
+            exc, BtAgentError
+        ):
+            return _Done(file)
+        return _Done(file, error=exc)
 
     def _key(self, relative: str) -> str:
         return checkpoint_file_key(self.owner.project, self.owner.job_id, self.owner.rank, relative)
@@ -505,6 +534,7 @@ class Sidecar:
 
     def _streamed(self, upload: _Streamed, outcome: str | Exception) -> None:
         file = upload.file
+        upload.opened.close()
         if isinstance(outcome, Exception):
             done = _Done(file, error=outcome)
             self._stream_limit = self.catalog.store.batch_max_size()  # 0: the stream is off
@@ -633,6 +663,18 @@ def _lower_priority(increment: int) -> None:
         os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
     with contextlib.suppress(OSError, AttributeError):
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
+def _allow_open_files(wanted: int) -> None:
+    """Raise the soft limit on open files to ``wanted`` where it is lower (and the hard limit
+    allows): files queued for the upload stream stay open until sent."""
+    with contextlib.suppress(ImportError, OSError, ValueError):
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        ceiling = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if soft != resource.RLIM_INFINITY and soft < ceiling:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
 
 
 def _signature(files: list[tuple[str, FileSig, str]]) -> str:

@@ -5,6 +5,8 @@ skipped with a warning where not; never blocking, never a crash."""
 from __future__ import annotations
 
 import hashlib
+import os
+from pathlib import Path
 
 from conftest import Agent, trainer_job
 
@@ -46,3 +48,75 @@ def test_hostile_names_and_kinds(agent: Agent) -> None:
     assert "its name is not valid UTF-8" in result.err
     assert "it is a FIFO" in result.err
     assert "'checkpoint-1/loop': it cannot be read (Too many levels" in result.err
+
+
+SWAP_FOR_SYMLINK = """
+import os, sys
+root, outside = os.environ["BT_CHECKPOINT_DIR"], sys.argv[1]
+ckpt = os.path.join(root, "checkpoint-1")
+os.makedirs(os.path.join(ckpt, "sub"))
+open(os.path.join(ckpt, "sub", "secret.txt"), "w").write("inside")
+open(os.path.join(ckpt, "model.bin"), "w").write("model")
+# Before the agent looks at sub/secret.txt, sub becomes a symlink to a directory outside.
+os.rename(os.path.join(ckpt, "sub"), os.path.join(ckpt, "sub.old"))
+os.symlink(outside, os.path.join(ckpt, "sub"))
+"""
+
+
+def test_a_directory_swapped_for_a_symlink_never_leads_outside(agent: Agent) -> None:
+    outside = agent.root / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("OUTSIDE-SECRET")
+    result = agent.run_job(
+        trainer_job(agent, SWAP_FOR_SYMLINK, str(outside)),
+        "--job-id",
+        "swap001",
+        env={"BT_CHECKPOINT_QUIET_SECONDS": "0.3"},
+    )
+    assert result.code == 0, result.text
+    store = open_store(agent.store.as_uri(), Environ({}))
+    (manifest,) = Catalog(store).manifests("default", "swap001", 0)
+    assert sorted(f.path for f in manifest.files) == ["model.bin", "sub.old/secret.txt"]
+    held = b"".join(p.read_bytes() for p in agent.store.rglob("*") if p.is_file())
+    assert b"OUTSIDE-SECRET" not in held, "a file outside the checkpoint dir was uploaded"
+    assert "outside the dir" in result.err
+
+
+def test_a_file_swapped_for_a_fifo_after_it_was_chosen_never_blocks(tmp_path: Path) -> None:
+    """The file is chosen for upload (a regular file then), then replaced by a FIFO nobody
+    writes to before a worker opens it: the worker must not block."""
+    import io
+    import threading
+
+    from bt_agent.log import AgentLog
+    from bt_agent.sidecar.files import Candidate, CheckpointDir, Skipped
+    from bt_agent.sidecar.journal import Journal
+    from bt_agent.sidecar.uploader import Owner, Sidecar
+
+    root = tmp_path / "ckpt"
+    (root / "checkpoint-1").mkdir(parents=True)
+    path = root / "checkpoint-1" / "model.bin"
+    path.write_bytes(b"weights")
+    sidecar = Sidecar(
+        CheckpointDir(root),
+        Catalog(open_store((tmp_path / "store").as_uri(), Environ({}))),
+        Owner("p", "j", 0),
+        Journal(tmp_path / "journal.sqlite", "j", 0),
+        AgentLog(io.StringIO()),
+    )
+    chosen = sidecar.dir.classify("checkpoint-1/model.bin")
+    assert isinstance(chosen, Candidate)
+    path.unlink()
+    os.mkfifo(path)
+    outcome: list[object] = []
+    worker = threading.Thread(target=lambda: outcome.append(sidecar._upload(chosen)), daemon=True)
+    worker.start()
+    worker.join(5)
+    if worker.is_alive():  # unblock the stuck worker before failing
+        with open(path, "wb"):
+            pass
+    assert outcome, "the upload worker blocked on a FIFO"
+    (done,) = outcome
+    assert isinstance(done.after, Skipped) and "FIFO" in done.after.reason  # type: ignore[attr-defined]
+    assert not (tmp_path / "store").exists() or not list((tmp_path / "store").rglob("model.bin"))
+    sidecar.journal.close()
