@@ -133,6 +133,21 @@ class Catalog:
         """Withdraw a commit (its files are about to change); the files stay."""
         self.store.delete(_manifest_key(project, job_id, rank, checkpoint))
 
+    def stored_checkpoint_files(self, project: str, job_id: str, rank: int) -> dict[str, int]:
+        """What one node's checkpoint files in the store are: path relative to the checkpoint
+        dir (``<checkpoint>/<path>``) -> size. Listed, not read."""
+        prefix = checkpoint_file_key(project, job_id, rank, "")
+        return {info.key[len(prefix) :]: info.size for info in self.store.list(prefix)}
+
+    def committed_names(self, project: str, job_id: str, rank: int) -> set[str]:
+        """The checkpoints of one node that have a manifest. Listed, not read."""
+        prefix = _manifest_key(project, job_id, rank, "").removesuffix(".json")
+        return {
+            info.key[len(prefix) :].removesuffix(".json")
+            for info in self.store.list(prefix)
+            if info.key.endswith(".json")
+        }
+
     def manifests(self, project: str, job_id: str, rank: int | None = None) -> list[Manifest]:
         """The committed checkpoints of a job (one node's, or every node's)."""
         prefix = f"{job_prefix(project, job_id)}/manifests/"

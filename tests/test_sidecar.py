@@ -108,7 +108,7 @@ def test_settled_files_wait_the_short_period_and_open_ones_the_quiet_period(
         CheckpointDir(root),
         Catalog(open_store(f"file://{tmp_path / 'store'}")),
         Owner("p", "j", 0),
-        Journal(tmp_path / "journal.sqlite", "j", 0),
+        Journal(tmp_path / "journal.sqlite", "file:///store", "j", 0),
         AgentLog(io.StringIO()),
         settings,
     )

@@ -37,15 +37,18 @@ def transient(relative: str) -> bool:
 
 @dataclass(frozen=True)
 class FileSig:
-    """Size, modification time and inode: any write or replacement changes one of them."""
+    """Size, modification and change times, and inode: any write or replacement changes one of
+    them. The change time is the kernel's own: a rewrite that puts the old modification time
+    back (``cp -p``, ``os.utime``) still moves it."""
 
     size: int
     mtime_ns: int
+    ctime_ns: int
     inode: int
 
     @classmethod
     def of(cls, result: os.stat_result) -> FileSig:
-        return cls(result.st_size, result.st_mtime_ns, result.st_ino)
+        return cls(result.st_size, result.st_mtime_ns, result.st_ctime_ns, result.st_ino)
 
 
 @dataclass(frozen=True)

@@ -210,8 +210,7 @@ class Sidecar:
         """Pick up what an earlier agent on this checkpoint dir left, then watch."""
         _allow_open_files(QUEUE_FILES * 4)
         state = self._state
-        state.durable = self.journal.durable()
-        state.commits = self.journal.commits()
+        state.durable, state.commits = self._what_the_store_holds()
         state.dirty = {checkpoint_of(r) for r in state.durable}
         now = time.monotonic()
         for relative in self.dir.walk():
@@ -228,6 +227,33 @@ class Sidecar:
             self._spawn(self._worker, f"bt-upload-{index}")
         self._spawn(self._stream, "bt-upload-stream")
         self._spawn(self._loop, "bt-sidecar")
+
+    def _what_the_store_holds(self) -> tuple[dict[str, tuple[FileSig, str]], dict[str, str]]:
+        """What the journal says this job made durable and committed in this store, as far as
+        the store confirms it (one listing each): what an earlier run recorded may have
+        vanished since. A store that cannot be listed now confirms nothing."""
+        durable, commits = self.journal.durable(), self.journal.commits()
+        if not durable and not commits:
+            return durable, commits
+        owner = self.owner
+        try:
+            stored = self.catalog.stored_checkpoint_files(owner.project, owner.job_id, owner.rank)
+            names = self.catalog.committed_names(owner.project, owner.job_id, owner.rank)
+        except (BtAgentError, OSError) as exc:
+            self.log.warning(f"checkpoints: cannot list the store ({exc}); uploading again")
+            stored, names = {}, set()
+        missing = [r for r, (sig, _) in durable.items() if stored.get(r) != sig.size]
+        if missing:
+            self.log.warning(
+                f"checkpoints: {counted(len(missing), 'file')} recorded as uploaded "
+                f"{'is' if len(missing) == 1 else 'are'} not in {self.catalog.store.url}: "
+                "uploading again"
+            )
+            self.journal.forget_uploads(missing)
+        for checkpoint in set(commits) - names:
+            self.journal.record_commit(checkpoint, "")
+        kept = {r: entry for r, entry in durable.items() if r not in set(missing)}
+        return kept, {c: sig for c, sig in commits.items() if c in names}
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -414,9 +440,10 @@ class Sidecar:
         self._to_stream.append(streamed)
 
     def _saved_by_earlier_job(self, found: Candidate) -> bool:
-        owner = self.journal.earlier_owner(found.relative, found.sig)
-        if owner is None:
+        earlier = self.journal.earlier_owner(found.relative, found.sig)
+        if earlier is None:
             return False
+        owner = earlier[0]
         if owner not in self._earlier:
             self._earlier.add(owner)
             self.log.info(

@@ -54,7 +54,12 @@ class CheckpointUploads:
         self._settings = SidecarSettings.from_environ(self.plan.environ)
         return_large_buffers()
         try:
-            journal = Journal(ctx.layout.host(JOURNAL_CONTAINER_PATH), ctx.job_id, ctx.node_rank)
+            journal = Journal(
+                ctx.layout.host(JOURNAL_CONTAINER_PATH),
+                self.catalog.store.url,
+                ctx.job_id,
+                ctx.node_rank,
+            )
             sidecar = Sidecar(
                 CheckpointDir(self.plan.dirs.checkpoints),
                 self.catalog,

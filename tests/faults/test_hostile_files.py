@@ -101,7 +101,7 @@ def test_a_file_swapped_for_a_fifo_after_it_was_chosen_never_blocks(tmp_path: Pa
         CheckpointDir(root),
         Catalog(open_store((tmp_path / "store").as_uri(), Environ({}))),
         Owner("p", "j", 0),
-        Journal(tmp_path / "journal.sqlite", "j", 0),
+        Journal(tmp_path / "journal.sqlite", "file:///store", "j", 0),
         AgentLog(io.StringIO()),
     )
     chosen = sidecar.dir.classify("checkpoint-1/model.bin")
