@@ -7,6 +7,7 @@
     projects/<project>/jobs/<job_id>/logs/rank-<N>.log
     projects/<project>/jobs/<job_id>/checkpoints/rank-<N>/<checkpoint>/<relpath>
     projects/<project>/jobs/<job_id>/manifests/rank-<N>/<checkpoint>.json   written last
+    projects/<project>/jobs/<job_id>/claims/rank-<N>.json   the agent running that node
     jobs/<job_id>.json                                   {"project": ...}
 """
 
@@ -18,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from bt_agent.errors import NotFoundError, RecordNotFoundError, StoreError
-from bt_agent.records import JobRecord, JobStatus, Manifest, NodeRecord, aggregate_status
+from bt_agent.records import (
+    Claim,
+    JobRecord,
+    JobStatus,
+    Manifest,
+    NodeRecord,
+    aggregate_status,
+)
 from bt_agent.storage import ObjectStore
 
 
@@ -35,6 +43,10 @@ def checkpoint_prefix(project: str, job_id: str, rank: int, checkpoint: str) -> 
 def checkpoint_file_key(project: str, job_id: str, rank: int, relative: str) -> str:
     """A file's key from its path relative to the checkpoint dir (``<checkpoint>/<path>``)."""
     return f"{job_prefix(project, job_id)}/checkpoints/rank-{rank}/{relative}"
+
+
+def _claim_key(project: str, job_id: str, rank: int) -> str:
+    return f"{job_prefix(project, job_id)}/claims/rank-{rank}.json"
 
 
 def _manifest_key(project: str, job_id: str, rank: int, checkpoint: str) -> str:
@@ -83,6 +95,24 @@ class Catalog:
             record = JobRecord.from_dict(self._read_json(key))
         self._write_json(f"jobs/{record.job_id}.json", {"project": record.project}, if_absent=True)
         return record
+
+    def claim(self, project: str, job_id: str, rank: int, claim: Claim, take: bool) -> Claim:
+        """Claim a node of a job for ``claim``'s agent: written where no claim is (or over
+        one, with ``take``); returns the claim in the store, which may be another's."""
+        key = _claim_key(project, job_id, rank)
+        if self._write_json(key, claim.to_dict(), if_absent=not take):
+            return claim
+        return Claim.from_dict(self._read_json(key))
+
+    def release(self, project: str, job_id: str, rank: int, token: str) -> None:
+        """Give a node's claim up, if it is still the one with ``token``."""
+        key = _claim_key(project, job_id, rank)
+        try:
+            held = Claim.from_dict(self._read_json(key))
+        except NotFoundError:
+            return
+        if held.token == token:
+            self.store.delete(key)
 
     def write_node(self, node: NodeRecord) -> None:
         prefix = job_prefix(node.project, node.job_id)

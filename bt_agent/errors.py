@@ -11,7 +11,9 @@
     │   ├── AccessDeniedError             wrong or missing credentials (also a PermissionError)
     │   ├── TransientStoreError           worth retrying: timeouts, 5xx, connection resets
     │   ├── IntegrityError                content differs from its size or checksum
-    │   └── UnsafeKeyError                a key that would escape its destination
+    │   └── KeyRefusedError               no retry can store an object under this key
+    │       ├── UnsafeKeyError            a key that would escape its destination, or too long
+    │       └── KeyConflictError          another object is in the way (``a`` and ``a/b``)
     ├── StagingError             exit 3   DEPLOY_FAILED: weights or checkpoints could not be staged
     └── DurabilityError          exit 4   checkpoint files not durable before the deadline
 
@@ -93,8 +95,17 @@ class IntegrityError(StoreError):
     """What arrived differs from the size or checksum it should have."""
 
 
-class UnsafeKeyError(StoreError):
-    """An object key that would escape its destination (``..``, absolute, NUL)."""
+class KeyRefusedError(StoreError):
+    """The store can never hold an object under this key: retrying cannot help."""
+
+
+class UnsafeKeyError(KeyRefusedError):
+    """An object key that would escape its destination (``..``, absolute, NUL), or that is
+    longer than stores accept."""
+
+
+class KeyConflictError(KeyRefusedError):
+    """Another object is in the way: on a file system, ``a`` and ``a/b`` cannot both exist."""
 
 
 class StagingError(BtAgentError):

@@ -82,6 +82,7 @@ class UploadTotals:
     backlog_bytes: int = 0
     last_committed: str | None = None
     not_durable: list[str] = field(default_factory=list)  # at the end: what could not be saved
+    not_committed: dict[str, str] = field(default_factory=dict)  # at the end: checkpoint -> why
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> UploadTotals:
@@ -159,6 +160,34 @@ def aggregate_status(record: JobRecord, nodes: list[NodeRecord]) -> JobStatus:
     if len(nodes) < record.node_count and statuses <= {JobStatus.COMPLETED}:
         return JobStatus.RUNNING if nodes else JobStatus.CREATED
     return next((s for s in _AGGREGATE_ORDER if s in statuses), JobStatus.CREATED)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Which agent runs one node of a job: one agent per job id and node rank. ``token`` names
+    the node it runs on (kept on the node's disk, so that an agent started again there, as a
+    restarted container is, knows the claim for its own)."""
+
+    token: str
+    hostname: str
+    pid: int
+    node_root: str
+    started_at: str
+    retry: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Claim:
+        return cls(
+            token=str(data["token"]),
+            hostname=str(data.get("hostname", "")),
+            pid=int(data.get("pid", 0)),
+            node_root=str(data.get("node_root", "")),
+            started_at=str(data.get("started_at", "")),
+            retry=int(data.get("retry", 0)),
+        )
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,8 @@ def test_watcher_says_which_changes_are_settled(tmp_path: Path) -> None:
     assert opened and not any(c.settled for c in opened), seen  # while it was open
     assert True in settled("closed.bin"), seen
     assert settled("renamed.bin") == {True}, seen
-    assert Change(str(tmp_path / "checkpoint-1"), whole=True, settled=True) in seen, seen
+    renamed_in = Change(str(tmp_path / "checkpoint-1"), whole=True, settled=True, in_place=False)
+    assert renamed_in in seen, seen
 
 
 def test_settled_files_wait_the_short_period_and_open_ones_the_quiet_period(
@@ -293,6 +294,13 @@ def test_many_small_files_to_s3_are_committed_exactly(
     assert_store_holds(open_store(url, Environ(env)), written, "small001")
 
 
+def _ledger(path: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
 def _journal_rows(agent: Agent, job_id: str) -> int:
     journal = agent.node_root / "var" / "lib" / "bt-agent" / "sidecar-journal.sqlite"
     if not journal.exists():
@@ -310,11 +318,14 @@ def test_agent_killed_mid_upload_resumes_without_loss_or_duplicates(
 ) -> None:
     env = s3_env(own_s3)
     ledger = agent.root / "ledger.json"
-    writer = f"{WRITER} {ledger} --style shards --steps 5 --files 8 --size 3000000 --hold 60"
+    writer = f"{WRITER} {ledger} --style shards --steps 5 --files 8 --size 6000000 --hold 60"
     args = ("--job-id", "kill001", "--store", "s3://store/bt")
     first = agent.start(ckpt_job(writer), *args, env=env)
     try:
-        wait_for(lambda: _journal_rows(agent, "kill001") >= 6, 120, "some uploads")
+        wait_for(lambda: "checkpoint-5" in _ledger(ledger), 60, "the last checkpoint written")
+        # Past the quiet period: every checkpoint settled, so none is half-written for the
+        # agent started again (one still being written would be held back: tests/faults).
+        time.sleep(0.8)
         first.send_signal(signal.SIGKILL)  # no drain, no records: the container died
         first.wait(10)
     finally:
@@ -328,8 +339,6 @@ def test_agent_killed_mid_upload_resumes_without_loss_or_duplicates(
     second = agent.run_job(ckpt_job("true"), *args, env={**env, "BT_RETRY_COUNT": "1"}, timeout=180)
     assert second.code == 0, second.text
     store = open_store("s3://store/bt", Environ(env))
-    # The trainer died with the agent, perhaps between a checkpoint's files and its ledger
-    # line: what the disk holds is what must be committed.
     assert_store_holds(store, written, "kill001")
     uploads = node_record_s3(store, "kill001")["uploads"]
     assert uploads["files"] == total_files - before, "only what was missing is uploaded again"
@@ -432,18 +441,26 @@ def test_a_checkpoint_held_on_a_full_disk_is_released_only_once_rewritten(tmp_pa
     import io
 
     from bt_agent.log import AgentLog
+    from bt_agent.sidecar.holds import Holds
+    from bt_agent.sidecar.journal import Journal
     from bt_agent.sidecar.space import FullDisk
 
     out = io.StringIO()
-    space = FullDisk(tmp_path, AgentLog(out), threshold=2**62)  # any disk is "full" to it
+    journal = Journal(tmp_path / "journal.sqlite", "file:///store", "j", 0)
+    holds = Holds(AgentLog(out), journal)
+    space = FullDisk(tmp_path, AgentLog(out), holds, threshold=2**62)  # any disk is "full"
     torn = time.time_ns()  # a file written before the disk was seen full
     space.check(lambda: ["checkpoint-2"])
-    assert space.full and space.held == ["checkpoint-2"]
-    assert space.holds("checkpoint-2", [torn])
-    assert not space.holds("checkpoint-1", [torn]), "not being written then"
+    assert space.full and list(holds.held) == ["checkpoint-2"]
+    assert "not committing checkpoint-2: it was being written while" in out.getvalue()
+    assert holds.blocks("checkpoint-2", [torn])
+    assert not holds.blocks("checkpoint-1", [torn]), "not being written then"
     space.threshold = 0
     space.check(lambda: ["checkpoint-2"])
     assert not space.full and "has room again" in out.getvalue()
     later = time.time_ns() + 10**9
-    assert space.holds("checkpoint-2", [torn, later]), "one file is still the torn one"
-    assert not space.holds("checkpoint-2", [later, later]) and space.held == []
+    assert holds.blocks("checkpoint-2", [torn, later]), "one file is still the torn one"
+    assert Holds(AgentLog(out), journal).held == holds.held, "kept in the journal"
+    assert not holds.blocks("checkpoint-2", [later, later]) and holds.held == {}
+    assert Holds(AgentLog(out), journal).held == {}
+    journal.close()

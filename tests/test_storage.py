@@ -192,6 +192,22 @@ def test_upload_returns_the_sha256(backend: Backend, tmp_path: Path, size: int) 
     assert store.read_bytes("up/loaded.bin") == data
 
 
+@pytest.mark.parametrize("backend", WRITABLE, indirect=True)
+def test_copy_inside_the_store(backend: Backend, tmp_path: Path) -> None:
+    data = payload(3000, seed=2)
+    source = tmp_path / "source.bin"
+    source.write_bytes(data)
+    store = backend.make()
+    store.upload_file(source, "copy/from.bin")
+    store.copy("copy/from.bin", "copy/to/here.bin")
+    assert store.read_bytes("copy/to/here.bin") == data
+    target = tmp_path / "out.bin"
+    store.download("copy/to/here.bin", target, store.stat("copy/to/here.bin"))
+    assert target.read_bytes() == data, "verified against the copied object's checksum"
+    with pytest.raises(NotFoundError):
+        store.copy("copy/none.bin", "copy/nothing.bin")
+
+
 @pytest.mark.parametrize("backend", TREES, indirect=True)
 def test_listing_with_prefixes(backend: Backend) -> None:
     files = {

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,6 +144,40 @@ class CheckpointDir:
             return None
         return Skipped(relative, f"it is {KINDS.get(stat.S_IFMT(info.st_mode), 'not a file')}")
 
+    def exists(self, checkpoint: str) -> bool:
+        """Whether ``checkpoint`` (a top-level directory, or ``.``) is still there."""
+        if checkpoint == ROOT_CHECKPOINT:
+            return True
+        try:
+            return stat.S_ISDIR(stat_at(self.fd, checkpoint).st_mode)
+        except OSError:
+            return False
+
+    def written_in_place_since(self, since_ns: int) -> dict[str, int]:
+        """Checkpoints with a file changed after ``since_ns`` (the kernel's change times), in
+        place, with their newest change: a directory renamed into place after its last write
+        (HF Trainer's ``tmp-checkpoint-N``) was complete when it arrived and is not among
+        them."""
+        found: dict[str, int] = {}
+        with os.scandir(self.root) as entries:
+            top = list(entries)
+        root_files = [
+            e for e in top if not e.is_dir(follow_symlinks=False) and self.relative(e.path)
+        ]
+        newest = _newest_change(e.path for e in root_files)
+        if newest > since_ns:
+            found[ROOT_CHECKPOINT] = newest
+        for entry in top:
+            if not entry.is_dir(follow_symlinks=False) or self.relative(entry.path) is None:
+                continue
+            newest = _newest_change(
+                os.path.join(d, name) for d, _, names in os.walk(entry.path) for name in names
+            )
+            arrived = _newest_change([entry.path])
+            if newest > since_ns and newest >= arrived:
+                found[entry.name] = newest
+        return found
+
     def walk(self, under: str = "") -> Iterator[str]:
         """Every non-directory entry under ``under`` (relative), not following directory
         symlinks."""
@@ -154,3 +188,14 @@ class CheckpointDir:
                 relative = self.relative(str(base / name))
                 if relative is not None:
                     yield relative
+
+
+def _newest_change(paths: Iterable[str]) -> int:
+    """The newest change time (ns) among ``paths``; 0 for none."""
+    newest = 0
+    for path in paths:
+        try:
+            newest = max(newest, os.lstat(path).st_ctime_ns)
+        except OSError:
+            continue
+    return newest

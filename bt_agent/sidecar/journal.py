@@ -39,8 +39,17 @@ CREATE TABLE IF NOT EXISTS commits (
     signature TEXT NOT NULL, committed_at REAL NOT NULL,
     PRIMARY KEY (store, job_id, rank, checkpoint)
 );
+CREATE TABLE IF NOT EXISTS holds (
+    store TEXT NOT NULL, job_id TEXT NOT NULL, rank INTEGER NOT NULL, checkpoint TEXT NOT NULL,
+    reason TEXT NOT NULL, since_ns INTEGER NOT NULL,
+    PRIMARY KEY (store, job_id, rank, checkpoint)
+);
+CREATE TABLE IF NOT EXISTS writing (
+    store TEXT NOT NULL, job_id TEXT NOT NULL, rank INTEGER NOT NULL, checkpoint TEXT NOT NULL,
+    PRIMARY KEY (store, job_id, rank, checkpoint)
+);
 """
-_OLD_TABLES = ("files", "commits")
+_OLD_TABLES = ("files", "commits", "holds", "writing")
 
 
 class Journal:
@@ -139,3 +148,47 @@ class Journal:
                 "INSERT OR REPLACE INTO commits VALUES (?, ?, ?, ?, ?, ?)",
                 (*self._key, checkpoint, signature, time.time()),
             )
+
+    def holds(self) -> dict[str, tuple[str, int]]:
+        """Checkpoints held back from a commit: name -> (reason, since when, ns)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT checkpoint, reason, since_ns FROM holds "
+                "WHERE store=? AND job_id=? AND rank=?",
+                self._key,
+            ).fetchall()
+        return {row[0]: (row[1], row[2]) for row in rows}
+
+    def record_hold(self, checkpoint: str, reason: str | None, since_ns: int = 0) -> None:
+        """Hold ``checkpoint`` back (``reason``), or release it (None)."""
+        with self._lock, self._db:
+            if reason is None:
+                self._db.execute(
+                    "DELETE FROM holds WHERE store=? AND job_id=? AND rank=? AND checkpoint=?",
+                    (*self._key, checkpoint),
+                )
+            else:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO holds VALUES (?, ?, ?, ?, ?, ?)",
+                    (*self._key, checkpoint, reason, since_ns),
+                )
+
+    def writing(self) -> set[str]:
+        """Checkpoints being written in place, not yet settled, when last recorded."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT checkpoint FROM writing WHERE store=? AND job_id=? AND rank=?", self._key
+            ).fetchall()
+        return {row[0] for row in rows}
+
+    def record_writing(self, checkpoint: str, writing: bool) -> None:
+        with self._lock, self._db:
+            if writing:
+                self._db.execute(
+                    "INSERT OR IGNORE INTO writing VALUES (?, ?, ?, ?)", (*self._key, checkpoint)
+                )
+            else:
+                self._db.execute(
+                    "DELETE FROM writing WHERE store=? AND job_id=? AND rank=? AND checkpoint=?",
+                    (*self._key, checkpoint),
+                )

@@ -3,22 +3,24 @@
 A trainer that saves into place and hits ENOSPC leaves files that look finished to the sidecar
 (quiet, readable) but are cut short; committing them would make a torn checkpoint the "latest"
 one a later job resumes from. So the sidecar looks at the free space on every step: a checkpoint
-that was being written (or waited for its commit) while the file system was full is held back,
-uploaded but not committed, until each of its files has been written again after the file
-system had room; the drain reports it, and the job ends with exit 4 if its commands succeeded.
+that was being written (or waited for its commit) while the file system was full is held back
+(:mod:`bt_agent.sidecar.holds`), uploaded but not committed, until each of its files has been
+written again after the file system had room; the drain reports it, and the job ends with exit 4
+if its commands succeeded.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from bt_agent.log import AgentLog, format_bytes
+from bt_agent.sidecar.holds import Holds
 
 #: Below this many free bytes the checkpoint dir's file system counts as full.
 FULL_BELOW_BYTES = 1024 * 1024
+FULL_REASON = "it was being written while the checkpoint dir's file system was full"
 
 
 def free_bytes(path: Path) -> int | None:
@@ -32,12 +34,14 @@ def free_bytes(path: Path) -> int | None:
 
 
 class FullDisk:
-    def __init__(self, root: Path, log: AgentLog, threshold: int = FULL_BELOW_BYTES) -> None:
+    def __init__(
+        self, root: Path, log: AgentLog, holds: Holds, threshold: int = FULL_BELOW_BYTES
+    ) -> None:
         self.root = root
         self.log = log
+        self.holds = holds
         self.threshold = threshold
         self.full = False
-        self._held: dict[str, int] = {}  # checkpoint -> last time (ns) it was seen on a full disk
 
     def check(self, writing: Callable[[], Iterable[str]]) -> None:
         """Look at the free space; while it is short, each checkpoint being ``writing()``
@@ -49,30 +53,8 @@ class FullDisk:
         self.full = full
         if not full:
             return
-        now = time.time_ns()
         for checkpoint in writing():
-            if checkpoint not in self._held:
-                self.log.error(
-                    f"checkpoints: {checkpoint} was being written when the disk ran full; it "
-                    "may be incomplete and is not committed unless it is written again"
-                )
-            self._held[checkpoint] = now
-
-    def holds(self, checkpoint: str, mtimes_ns: Iterable[int]) -> bool:
-        """Whether ``checkpoint`` (its files' modification times) must not be committed: it
-        was seen on a full disk and not every file has been written since."""
-        since = self._held.get(checkpoint)
-        if since is None:
-            return False
-        if not self.full and min(mtimes_ns, default=0) > since:
-            del self._held[checkpoint]
-            self.log.info(f"checkpoints: {checkpoint} was written again with room to spare")
-            return False
-        return True
-
-    @property
-    def held(self) -> list[str]:
-        return sorted(self._held)
+            self.holds.hold(checkpoint, FULL_REASON)
 
     def _say(self, full: bool, free: int) -> None:
         if full:

@@ -19,6 +19,7 @@ class _Counts:
     last_committed: str | None = None
     last_commit_time: float | None = None
     not_durable: list[str] = field(default_factory=list)
+    not_committed: dict[str, str] = field(default_factory=dict)
 
 
 class UploadStats:
@@ -46,9 +47,11 @@ class UploadStats:
             self._counts.backlog_files = files
             self._counts.backlog_bytes = size
 
-    def lost(self, paths: list[str]) -> None:
+    def lost(self, paths: list[str], checkpoints: dict[str, str]) -> None:
+        """At the end: the files not saved, and the checkpoints not committed with why."""
         with self._lock:
             self._counts.not_durable = sorted(paths)
+            self._counts.not_committed = dict(checkpoints)
 
     def totals(self) -> UploadTotals:
         with self._lock:
@@ -62,6 +65,7 @@ class UploadStats:
             backlog_bytes=c.backlog_bytes,
             last_committed=c.last_committed,
             not_durable=list(c.not_durable),
+            not_committed=dict(c.not_committed),
         )
 
     def prometheus(self) -> str:

@@ -1,38 +1,40 @@
-"""The sidecar's coordinator: what to upload when, commits, retries and the drain.
+"""The sidecar's coordinator: what to upload when, retries, and the drain.
 
-One coordinator thread owns all the state; watchdog's thread only enqueues changed paths, and a
-fixed pool of daemon worker threads only uploads (a daemon, so that an upload stuck on a dead
-store never holds the agent past its deadline). Never on the training process.
+One coordinator thread owns all the state (:mod:`state`); watchdog's thread only enqueues
+changed paths, and a fixed pool of daemon worker threads only uploads (a daemon, so that an
+upload stuck on a dead store never holds the agent past its deadline). Never on the training
+process.
 
 - A file is uploaded once it has been quiet (no event) for ``quiet_seconds``, or for
   ``settle_seconds`` when its last event said it was complete (closed after writing, or renamed
-  into place); if it changed during its upload (size, mtime or inode differ after the read) it
-  is uploaded again.
-- A failed upload is retried with capped backoff for as long as the job runs; never dropped.
-- A checkpoint is committed (its manifest written, last) when every file in it is durable and it
-  has been quiet; one that changes after its commit is committed again. A committed file about to
-  be overwritten in the store first loses its manifest, so a manifest never names an object whose
-  content differs from what it says.
+  into place); if it changed during its upload (its signature differs after the read) it is
+  uploaded again. It is read through a descriptor opened beneath the checkpoint dir
+  (:mod:`beneath`): nothing outside is ever read, and only regular files.
+- A failed upload is retried with capped backoff for as long as the job runs; never dropped. A
+  key the store refuses for good (too long; an object in the way) is reported at once and
+  keeps only its own checkpoint from a commit.
+- A file an earlier job on this node root already made durable in this store is copied in the
+  store instead of uploaded: the new job's manifest names every file of its checkpoint.
+- Commits are :mod:`commits`'. A checkpoint whose writer ended while writing it, or that was
+  being written when a process of the job was killed, is held back (:mod:`holds`).
 - The drain rescans, then uploads what remains, newest checkpoint first, until the deadline.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import heapq
 import os
 import queue
 import random
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from bt_agent.catalog import Catalog, checkpoint_file_key
-from bt_agent.errors import BtAgentError
+from bt_agent.errors import BtAgentError, KeyRefusedError, NotFoundError
 from bt_agent.log import AgentLog, counted, format_bytes
-from bt_agent.records import Manifest, ManifestFile, now_iso
 from bt_agent.settings import (
     CHECKPOINT_QUIET_VARIABLE,
     DRAIN_TIMEOUT_VARIABLE,
@@ -41,6 +43,7 @@ from bt_agent.settings import (
     Environ,
 )
 from bt_agent.sidecar.beneath import Opened, Refused
+from bt_agent.sidecar.commits import Committer, Owner
 from bt_agent.sidecar.files import (
     Candidate,
     CheckpointDir,
@@ -49,11 +52,17 @@ from bt_agent.sidecar.files import (
     checkpoint_of,
     within_checkpoint,
 )
+from bt_agent.sidecar.holds import Holds
 from bt_agent.sidecar.journal import Journal
+from bt_agent.sidecar.report import DrainReport
 from bt_agent.sidecar.space import FullDisk
+from bt_agent.sidecar.state import Round, State
 from bt_agent.sidecar.stats import UploadStats
 from bt_agent.sidecar.watch import Change, Watcher
+from bt_agent.sidecar.writers import Writers, all_processes
 from bt_agent.storage.base import Upload
+
+__all__ = ["DrainReport", "Owner", "Sidecar", "SidecarSettings"]
 
 TICK = 0.1
 #: The shortest time between two coordinator steps: each completion wakes it, and a step costs
@@ -63,6 +72,7 @@ MiB = 1024 * 1024
 #: At most this many files queued for upload, and QUEUE_BYTES per worker (see Sidecar._room).
 QUEUE_FILES = 512
 QUEUE_BYTES = 16 * MiB
+HALF_WRITTEN = "it was being written in place when the agent last stopped"
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,9 @@ class SidecarSettings:
     drain_seconds: float = 1800.0  # the drain's limit when the commands end on their own
     polling: bool = False  # watch by polling (file systems without inotify)
     nice: int = 10  # the upload threads yield the CPU to training (Linux: per-thread priority)
+    # A checkpoint written in place this shortly before a process of the job was killed may be
+    # cut short (a pause between two files of one save looks quiet): it is not committed.
+    kill_window: float = 2.0
 
     @classmethod
     def from_environ(cls, environ: Environ) -> SidecarSettings:
@@ -88,44 +101,19 @@ class SidecarSettings:
 
 
 @dataclass(frozen=True)
-class Owner:
-    project: str
-    job_id: str
-    rank: int
-
-
-@dataclass(frozen=True)
-class DrainReport:
-    not_durable: list[str]  # files (relative to the checkpoint dir) not saved in time
-    uncommitted: list[str]  # checkpoints whose manifest could not be written
-    seconds: float
-    held: list[str] = field(default_factory=list)  # written while the disk was full
-
-    @property
-    def complete(self) -> bool:
-        return not self.not_durable and not self.uncommitted and not self.held
-
-    def describe(self) -> str:
-        shown = ", ".join(self.not_durable[:10]) + (" ..." if len(self.not_durable) > 10 else "")
-        parts = []
-        if self.not_durable:
-            parts.append(f"{len(self.not_durable)} checkpoint file(s) not durable: {shown}")
-        if self.uncommitted:
-            parts.append(f"checkpoint(s) not committed: {', '.join(self.uncommitted)}")
-        if self.held:
-            parts.append(
-                "checkpoint(s) written while the checkpoint dir was full, not committed: "
-                + ", ".join(self.held)
-            )
-        return "; ".join(parts)
-
-
-@dataclass(frozen=True)
 class _Done:
     file: Candidate
     after: Candidate | Skipped | None = None
     sha256: str | None = None
     error: Exception | None = None
+
+
+@dataclass(frozen=True)
+class _Copy(Candidate):
+    """A file an earlier job on this node made durable: copied from its object in the store."""
+
+    source: str  # the earlier object's key
+    sha256: str
 
 
 @dataclass(frozen=True)
@@ -136,32 +124,16 @@ class _Streamed(Upload):
     opened: Opened
 
 
-@dataclass
-class _Round:
-    """One checkpoint's uploads since its last commit: for the commit's log line."""
+@dataclass(frozen=True)
+class _Killed:
+    """A process of the job was killed (``how``) at ``at_ns`` (wall clock)."""
 
-    started: float
-    files: int = 0
-    bytes: int = 0
+    at_ns: int
+    how: str
 
 
-@dataclass
-class _State:
-    pending: dict[str, float] = field(default_factory=dict)  # file -> when it may go
-    in_flight: dict[str, int] = field(default_factory=dict)  # file -> its size
-    in_flight_bytes: int = 0
-    durable: dict[str, tuple[FileSig, str]] = field(default_factory=dict)
-    attempts: dict[str, int] = field(default_factory=dict)
-    touched: dict[str, float] = field(default_factory=dict)  # checkpoint -> last change
-    dirty: set[str] = field(default_factory=set)  # checkpoints with new durable content
-    commits: dict[str, str] = field(default_factory=dict)  # checkpoint -> signature
-    newest: dict[str, int] = field(default_factory=dict)  # checkpoint -> newest mtime seen
-    rounds: dict[str, _Round] = field(default_factory=dict)
-    sizes: dict[str, int] = field(default_factory=dict)  # file -> size when last looked at
-    commit_retry: dict[str, float] = field(default_factory=dict)
-
-    def busy(self) -> set[str]:
-        return {checkpoint_of(r) for r in (*self.pending, *self.in_flight)}
+#: Checkpoints to hold back at once, with why (the agent is ending processes still writing).
+_Tears = dict[str, str]
 
 
 class Sidecar:
@@ -174,6 +146,7 @@ class Sidecar:
         log: AgentLog,
         settings: SidecarSettings | None = None,
         on_commit: Callable[[], None] = lambda: None,
+        processes: Callable[[], Iterable[int]] = all_processes,
     ) -> None:
         self.dir = directory
         self.catalog = catalog
@@ -181,10 +154,10 @@ class Sidecar:
         self.journal = journal
         self.log = log
         self.settings = settings or SidecarSettings()
-        self.on_commit = on_commit
         self.stats = UploadStats()
-        self._state = _State()
+        self._state = State()
         self._changes: queue.SimpleQueue[Change] = queue.SimpleQueue()
+        self._notices: queue.SimpleQueue[_Killed | _Tears] = queue.SimpleQueue()
         self._work: queue.SimpleQueue[Candidate | None] = queue.SimpleQueue()
         self._done: queue.SimpleQueue[_Done] = queue.SimpleQueue()
         # Small files go to the store's upload stream, where it has one (one thread, many
@@ -200,8 +173,25 @@ class Sidecar:
         self._earlier: set[str] = set()
         self._last_report = time.monotonic()
         self._last_backlog = 0.0
-        self.watcher = Watcher(directory.root, self._changes, self.settings.polling)
-        self.space = FullDisk(directory.root, log)
+        self.writers = Writers(directory.root, processes)
+        self.holds = Holds(log, journal)
+        self.commits = Committer(
+            self._state,
+            directory,
+            catalog,
+            owner,
+            journal,
+            self.holds,
+            self.writers,
+            log,
+            self.stats,
+            self._changed,
+            on_commit,
+        )
+        self.watcher = Watcher(
+            directory.root, self._changes, self.settings.polling, self.writers.closed
+        )
+        self.space = FullDisk(directory.root, log, self.holds)
         self._threads: list[threading.Thread] = []
 
     # --- life cycle --------------------------------------------------------------------------
@@ -209,12 +199,13 @@ class Sidecar:
     def start(self) -> None:
         """Pick up what an earlier agent on this checkpoint dir left, then watch."""
         _allow_open_files(QUEUE_FILES * 4)
-        state = self._state
-        state.durable, state.commits = self._what_the_store_holds()
-        state.dirty = {checkpoint_of(r) for r in state.durable}
+        self._resume()
         now = time.monotonic()
         for relative in self.dir.walk():
-            self._mark(relative, now, 0.0)
+            found = self.dir.classify(relative)
+            if isinstance(found, Candidate):
+                self._state.of(relative).files[relative] = found.sig
+            self._mark(relative, now, 0.0, in_place=False)
         self.watcher.start()
         self.log.info(
             f"checkpoints: watching {self.dir.root} ({self.watcher.method}); "
@@ -227,6 +218,23 @@ class Sidecar:
             self._spawn(self._worker, f"bt-upload-{index}")
         self._spawn(self._stream, "bt-upload-stream")
         self._spawn(self._loop, "bt-sidecar")
+
+    def _resume(self) -> None:
+        """What an earlier agent of this job left in the journal: its uploads and commits (as
+        far as the store confirms them), and the checkpoints it saw being written in place
+        and never saw settle, which may be cut short."""
+        state = self._state
+        durable, commits = self._what_the_store_holds()
+        state.durable = durable
+        for relative, (sig, _) in durable.items():
+            checkpoint = state.of(relative)
+            checkpoint.files[relative] = sig
+            checkpoint.dirty = True
+        for name, signature in commits.items():
+            state.checkpoint(name).committed = signature
+        for name in sorted(self.journal.writing()):
+            self.journal.record_writing(name, False)
+            self.commits.tear(name, HALF_WRITTEN)
 
     def _what_the_store_holds(self) -> tuple[dict[str, tuple[FileSig, str]], dict[str, str]]:
         """What the journal says this job made durable and committed in this store, as far as
@@ -242,7 +250,7 @@ class Sidecar:
         except (BtAgentError, OSError) as exc:
             self.log.warning(f"checkpoints: cannot list the store ({exc}); uploading again")
             stored, names = {}, set()
-        missing = [r for r, (sig, _) in durable.items() if stored.get(r) != sig.size]
+        missing = {r for r, (sig, _) in durable.items() if stored.get(r) != sig.size}
         if missing:
             self.log.warning(
                 f"checkpoints: {counted(len(missing), 'file')} recorded as uploaded "
@@ -252,7 +260,7 @@ class Sidecar:
             self.journal.forget_uploads(missing)
         for checkpoint in set(commits) - names:
             self.journal.record_commit(checkpoint, "")
-        kept = {r: entry for r, entry in durable.items() if r not in set(missing)}
+        kept = {r: entry for r, entry in durable.items() if r not in missing}
         return kept, {c: sig for c, sig in commits.items() if c in names}
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
@@ -266,7 +274,7 @@ class Sidecar:
         the drain goes, since a stop signal shortens it) passes."""
         started = time.monotonic()
         self.watcher.stop()
-        self._changes.put(Change(str(self.dir.root), whole=True))
+        self._changes.put(Change(str(self.dir.root), whole=True, in_place=False))
         self._draining = True
         self._idle.clear()
         self._wake.set()
@@ -275,26 +283,56 @@ class Sidecar:
                 break
         self._stop.set()
         self._wake.set()
-        for thread in self._threads:
-            if thread.name == "bt-sidecar":
-                thread.join(0.5)  # a step stuck on a dead store must not hold the deadline
+        coordinator = next(t for t in self._threads if t.name == "bt-sidecar")
+        coordinator.join(0.5)  # a step stuck on a dead store must not hold the deadline
         for _ in range(self.settings.workers):
             self._work.put(None)
         self._stream_in.put(None)
         report = self._report_lost(time.monotonic() - started)
         self.journal.close()
+        self.dir.close()
         return report
 
     def _report_lost(self, seconds: float) -> DrainReport:
+        """What was not saved. The coordinator may still be in a step, stuck on a dead store:
+        what it holds is read as it stands (each snapshot taken at once, under the GIL)."""
         state = self._state
-        # Snapshots (each taken at once under the GIL): the coordinator may still be in a step.
-        waiting = list(state.pending) + list(state.in_flight)
+        waiting = list(state.pending) + list(state.in_flight) + list(state.unstorable)
         left = sorted(r for r in set(waiting) if isinstance(self.dir.classify(r), Candidate))
-        held = set(self.space.held) & set(state.dirty)
-        uncommitted = sorted((set(state.dirty) - held) | {checkpoint_of(r) for r in left})
-        self.stats.lost(left)
+        reasons = self.commits.not_committed(left)
+        self.stats.lost(left, reasons)
         self.stats.backlog(len(left), 0)
-        return DrainReport(left, uncommitted, seconds, sorted(held))
+        return DrainReport(left, reasons, seconds)
+
+    # --- what the supervisor tells -------------------------------------------------------------
+
+    def process_killed(self, how: str, at_ns: int | None = None) -> None:
+        """A process of the job was killed (``how``: "pid 12 was killed by SIGKILL"): what it
+        was writing in place may be cut short. Thread-safe."""
+        self._notices.put(_Killed(time.time_ns() if at_ns is None else at_ns, how))
+        self._wake.set()
+
+    def open_files(self) -> dict[str, set[int]]:
+        """Files of the checkpoint dir open for writing now -> pids. Thread-safe."""
+        return self.writers.scan(force=True)
+
+    def ending_writers(self, why: str) -> dict[str, set[int]]:
+        """The agent is about to end every process of the job (``why``): each checkpoint with a
+        file still open for writing is held back. Returns those files. Thread-safe."""
+        found = self.open_files()
+        tears: _Tears = {}
+        for relative, pids in sorted(found.items()):
+            if self.dir.relative(str(self.dir.root / relative)) is None:
+                continue  # work in progress: never uploaded anyway
+            pid = min(pids)
+            tears.setdefault(
+                checkpoint_of(relative),
+                f"{within_checkpoint(relative)} was still open for writing (pid {pid}) {why}",
+            )
+        if tears:
+            self._notices.put(tears)
+            self._wake.set()
+        return found
 
     # --- the coordinator ---------------------------------------------------------------------
 
@@ -310,25 +348,60 @@ class Sidecar:
             self._wake.clear()
 
     def _step(self, now: float) -> None:
+        self._rearm()
         self._take_changes(now)
+        self._take_notices()
         self.space.check(self._being_written)
         self._collect(now)
         self._submit(now)
         self._hand_over()  # whatever way _submit ended: a file counted in flight must go
-        self._commit_ready(now)
+        self.commits.step(now, self.settings.quiet_seconds, self._draining)
         self._report(now)
-        state = self._state
-        held = set(self.space.held)
-        if self._draining and not (state.pending or state.in_flight or state.dirty - held):
+        if self._draining and self._finished():
             self._idle.set()
 
-    def _being_written(self) -> set[str]:
+    def _finished(self) -> bool:
+        """Nothing left that waiting could still save."""
         state = self._state
-        return state.busy() | state.dirty
+        if state.pending or state.in_flight:
+            return False
+        return all(
+            c.name in self.holds or c.blocked or c.open_file
+            for c in state.checkpoints.values()
+            if c.dirty or c.writing
+        )
 
-    def _mark(self, relative: str, now: float, wait: float, settled: bool = False) -> None:
+    def _rearm(self) -> None:
+        """The checkpoint dir replaced (removed and made anew): watch the new one, and look at
+        all it holds; what the old one held is committed or reported as deleted."""
+        if self._draining or not self.watcher.rearm():
+            return
+        self.dir.close()
+        self.log.warning(f"checkpoints: {self.dir.root} was replaced; watching the new one")
+        self._changes.put(Change(str(self.dir.root), whole=True, in_place=False))
+
+    def _being_written(self) -> set[str]:
+        """Checkpoints written, or with content not yet committed (a committed one looked at
+        again, by a rescan, is neither)."""
+        state = self._state
+        busy = state.busy()
+        return {
+            c.name
+            for c in state.checkpoints.values()
+            if c.dirty or c.writing or (c.name in busy and c.committed is None)
+        }
+
+    def _mark(
+        self,
+        relative: str,
+        now: float,
+        wait: float,
+        settled: bool = False,
+        in_place: bool = True,
+    ) -> None:
         """``relative`` changed: upload it once ``wait`` has passed without another change (a
-        settled file's wait replaces the longer one of the writes before its close)."""
+        settled file's wait replaces the longer one of the writes before its close). A change
+        ``in_place`` (a write where the file is) marks its checkpoint as being written."""
         state = self._state
         if self._draining and relative not in state.attempts:
             state.pending[relative] = now  # the writers are gone: no quiet period to wait for
@@ -336,28 +409,66 @@ class Sidecar:
             state.pending[relative] = now + wait
         else:
             state.pending[relative] = max(now + wait, state.pending.get(relative, 0.0))
-        state.touched[checkpoint_of(relative)] = now
+        checkpoint = state.of(relative)
+        checkpoint.touched = now
+        if in_place and not checkpoint.writing:
+            checkpoint.writing = True
+            self.journal.record_writing(checkpoint.name, True)
 
-    def _changed(self, relative: str, now: float, settled: bool = False) -> None:
+    def _changed(
+        self, relative: str, now: float, settled: bool = False, in_place: bool = False
+    ) -> None:
         wait = self.settings.settle_seconds if settled else self.settings.quiet_seconds
-        self._mark(relative, now, wait, settled)
+        self._mark(relative, now, wait, settled, in_place)
 
     def _take_changes(self, now: float) -> None:
+        writes = False
         while True:
             try:
                 change = self._changes.get_nowait()
             except queue.Empty:
-                return
+                break
             path = change.path
             if change.whole:  # a directory that appeared (or the whole dir, at the drain)
                 under = self.dir.relative(path) if path != str(self.dir.root) else ""
                 if under is not None:
                     for inner in self.dir.walk(under):
-                        self._changed(inner, now, change.settled)
+                        self._changed(inner, now, change.settled, change.in_place)
                 continue
             relative = self.dir.relative(path)
-            if relative is not None:
-                self._changed(relative, now, change.settled)
+            if relative is None:
+                continue
+            if change.writer_ended:
+                self.commits.tear(
+                    checkpoint_of(relative),
+                    f"its writer ended while writing {within_checkpoint(relative)}",
+                )
+            self._changed(relative, now, change.settled, change.in_place)
+            writes = writes or (change.in_place and not change.settled)
+        if writes:
+            self.writers.scan(now)  # who writes: a file closed by its writer's end is torn
+
+    def _take_notices(self) -> None:
+        while True:
+            try:
+                notice = self._notices.get_nowait()
+            except queue.Empty:
+                return
+            torn = self._killed_while_writing(notice) if isinstance(notice, _Killed) else notice
+            for name, why in torn.items():
+                self.commits.tear(name, why)
+
+    def _killed_while_writing(self, killed: _Killed) -> dict[str, str]:
+        """What a process of the job was writing when it was killed: checkpoints written in
+        place and not yet settled, and the one written last if that was within
+        ``kill_window`` (a pause between two files of one save looks settled). One the trainer
+        went on from to write another is not among them: that save was over."""
+        since = killed.at_ns - int(self.settings.kill_window * 1e9)
+        recent = self.dir.written_in_place_since(since)
+        names = {c.name for c in self._state.checkpoints.values() if c.writing}
+        if recent:
+            names.add(max(recent, key=lambda name: recent[name]))
+        return {name: f"{killed.how} while it was being written" for name in sorted(names)}
 
     def _submit(self, now: float) -> None:
         state = self._state
@@ -397,34 +508,47 @@ class Sidecar:
         )
 
     def _priority(self, relative: str) -> tuple[int, str]:
-        return (-self._state.newest.get(checkpoint_of(relative), 0), relative)
+        return (-self._state.of(relative).newest, relative)
 
     def _consider(self, relative: str, now: float) -> None:
-        """Upload a due file, unless it is gone, skipped, unchanged or saved by an earlier job."""
+        """Upload a due file, unless it is gone, skipped, unchanged or refused for good; copy it
+        in the store where an earlier job saved it."""
         state = self._state
         found = self.dir.classify(relative)
+        checkpoint = state.of(relative)
         if found is None or isinstance(found, Skipped):
             del state.pending[relative]
             if isinstance(found, Skipped):
                 self._warn_once(relative, f"checkpoints: skipping {relative!r}: {found.reason}")
+            elif relative not in state.durable:  # gone: lost, if its checkpoint went with it
+                checkpoint.vanished.add(relative)
+                checkpoint.dirty = True
             return
-        checkpoint = checkpoint_of(relative)
-        state.sizes[relative] = found.sig.size
-        state.newest[checkpoint] = max(state.newest.get(checkpoint, 0), found.sig.mtime_ns)
+        checkpoint.files[relative] = found.sig
+        checkpoint.newest = max(checkpoint.newest, found.sig.mtime_ns)
         known = state.durable.get(relative)
-        if known is not None and known[0] == found.sig:
-            del state.pending[relative]  # unchanged since it was uploaded
+        refused = state.unstorable.get(relative)
+        if (known is not None and known[0] == found.sig) or (
+            refused is not None and refused[0] == found.sig
+        ):
+            del state.pending[relative]  # unchanged since it was uploaded (or refused)
             return
-        if known is None and self._saved_by_earlier_job(found):
-            del state.pending[relative]
+        earlier = self._saved_by_earlier_job(found) if known is None else None
+        if earlier is not None and not checkpoint.adopt:
+            del state.pending[relative]  # the earlier job's, unless this job adds to it
             return
-        if known is not None and checkpoint in state.commits:
-            self._uncommit(checkpoint)  # its manifest would name content about to change
+        checkpoint.dirty = True
+        if known is not None and checkpoint.committed is not None:
+            # Its manifest would name content about to change.
+            self.commits.withdraw(checkpoint, "it changed after its commit; committing it again")
         del state.pending[relative]
         state.in_flight[relative] = found.sig.size
         state.in_flight_bytes += found.sig.size
-        state.rounds.setdefault(checkpoint, _Round(now))
-        if self._stream_limit > 0 and found.sig.size <= self._stream_limit:
+        if checkpoint.round is None:
+            checkpoint.round = Round(now)
+        if earlier is not None:
+            self._work.put(earlier)
+        elif self._stream_limit > 0 and found.sig.size <= self._stream_limit:
             self._stream_file(found)
         else:
             self._work.put(found)
@@ -439,18 +563,20 @@ class Sidecar:
         streamed = _Streamed(opened.path, self._key(found.relative), found, opened)
         self._to_stream.append(streamed)
 
-    def _saved_by_earlier_job(self, found: Candidate) -> bool:
+    def _saved_by_earlier_job(self, found: Candidate) -> _Copy | None:
         earlier = self.journal.earlier_owner(found.relative, found.sig)
         if earlier is None:
-            return False
-        owner = earlier[0]
+            return None
+        owner, sha256 = earlier
         if owner not in self._earlier:
             self._earlier.add(owner)
             self.log.info(
                 f"checkpoints: files in {self.dir.root} were already saved by job {owner} "
-                "(an earlier job on this node); they are not uploaded again"
+                "(an earlier job on this node): not uploaded again, and copied in the store "
+                "into checkpoints this job adds to"
             )
-        return True
+        source = checkpoint_file_key(self.owner.project, owner, self.owner.rank, found.relative)
+        return _Copy(found.relative, found.sig, source, sha256)
 
     def _collect(self, now: float) -> None:
         """Take finished uploads; the journal records the durable ones in one transaction."""
@@ -481,20 +607,25 @@ class Sidecar:
         state.durable[relative] = (sig, sha256)
         state.attempts.pop(relative, None)
         self.stats.uploaded(sig.size)
-        checkpoint = checkpoint_of(relative)
-        state.dirty.add(checkpoint)
-        round_ = state.rounds.setdefault(checkpoint, _Round(now))
-        round_.files += 1
-        round_.bytes += sig.size
+        checkpoint = state.of(relative)
+        checkpoint.dirty = True
+        if checkpoint.round is None:
+            checkpoint.round = Round(now)
+        checkpoint.round.files += 1
+        checkpoint.round.bytes += sig.size
 
     def _failed(self, done: _Done, now: float) -> None:
         state = self._state
         relative = done.file.relative
         if not isinstance(self.dir.classify(relative), Candidate):
             return  # deleted locally meanwhile: nothing left to save
+        self.stats.failed()
+        if isinstance(done.error, KeyRefusedError):  # no retry can help
+            state.unstorable[relative] = (done.file.sig, str(done.error))
+            self.log.error(f"checkpoints: {relative} is not saved, and not retried: {done.error}")
+            return
         attempt = state.attempts.get(relative, 0) + 1
         state.attempts[relative] = attempt
-        self.stats.failed()
         delay = random.uniform(0, min(self.settings.retry_cap, 2.0**attempt))
         state.pending[relative] = now + delay
         if attempt == 1 or attempt % 10 == 0:
@@ -503,10 +634,12 @@ class Sidecar:
                 f"retrying: {done.error}"
             )
 
+    # --- the workers -------------------------------------------------------------------------
+
     def _worker(self) -> None:
         _lower_priority(self.settings.nice)  # threads it starts (S3 parts) inherit it
         while (file := self._work.get()) is not None:
-            self._done.put(self._upload(file))
+            self._done.put(self._copy(file) if isinstance(file, _Copy) else self._upload(file))
             self._wake.set()
 
     def _upload(self, file: Candidate) -> _Done:
@@ -521,6 +654,16 @@ class Sidecar:
         except (BtAgentError, OSError) as exc:
             return self._unreadable(file, exc)
         return _Done(file, self.dir.classify(file.relative), result.sha256)
+
+    def _copy(self, file: _Copy) -> _Done:
+        """Copy the earlier job's object; where the store cannot, or it is gone, upload."""
+        try:
+            self.catalog.store.copy(file.source, self._key(file.relative))
+        except (NotImplementedError, NotFoundError):
+            return self._upload(Candidate(file.relative, file.sig))
+        except BtAgentError as exc:
+            return _Done(file, error=exc)
+        return _Done(file, self.dir.classify(file.relative), file.sha256)
 
     @staticmethod
     def _unreadable(file: Candidate, exc: Exception) -> _Done:
@@ -570,92 +713,6 @@ class Sidecar:
         self._done.put(done)
         self._wake.set()
 
-    # --- commits -----------------------------------------------------------------------------
-
-    def _commit_ready(self, now: float) -> None:
-        state = self._state
-        quiet = self.settings.quiet_seconds
-        eligible = [
-            c
-            for c in sorted(state.dirty)
-            if (self._draining or now >= state.touched.get(c, 0.0) + quiet)
-            and now >= state.commit_retry.get(c, 0.0)
-        ]
-        if not eligible:
-            return
-        busy = state.busy()
-        for checkpoint in eligible:
-            if checkpoint not in busy:
-                self._commit(checkpoint, now)
-
-    def _commit(self, checkpoint: str, now: float) -> None:
-        state = self._state
-        files: list[tuple[str, FileSig, str]] = []
-        for relative in sorted(r for r in state.durable if checkpoint_of(r) == checkpoint):
-            sig, sha256 = state.durable[relative]
-            found = self.dir.classify(relative)
-            if not isinstance(found, Candidate):
-                continue  # deleted locally: no longer part of the checkpoint
-            if found.sig != sig:
-                self._changed(relative, now)  # changed since its upload: not complete yet
-                return
-            files.append((relative, sig, sha256))
-        if not files:
-            state.dirty.discard(checkpoint)
-            return
-        signature = _signature(files)
-        if state.commits.get(checkpoint) == signature:
-            state.dirty.discard(checkpoint)
-            return
-        if self.space.holds(checkpoint, (sig.mtime_ns for _, sig, _ in files)):
-            return  # stays dirty: committed only once written again with room
-        manifest = Manifest(
-            job_id=self.owner.job_id,
-            project=self.owner.project,
-            node_rank=self.owner.rank,
-            checkpoint=checkpoint,
-            created_at=now_iso(max(sig.mtime_ns for _, sig, _ in files) / 1e9),
-            committed_at=now_iso(),
-            files=[ManifestFile(within_checkpoint(r), sig.size, sha) for r, sig, sha in files],
-        )
-        try:
-            self.catalog.write_manifest(manifest)
-        except (BtAgentError, OSError) as exc:
-            self.stats.failed()
-            state.commit_retry[checkpoint] = now + min(self.settings.retry_cap, 2.0)
-            self.log.warning(f"checkpoints: commit of {checkpoint} failed, retrying: {exc}")
-            return
-        self.journal.record_commit(checkpoint, signature)
-        state.commits[checkpoint] = signature
-        state.dirty.discard(checkpoint)
-        state.commit_retry.pop(checkpoint, None)
-        self.stats.committed(checkpoint, time.time())
-        self._log_commit(manifest, state.rounds.pop(checkpoint, None), now)
-        self.on_commit()
-
-    def _log_commit(self, manifest: Manifest, round_: _Round | None, now: float) -> None:
-        uploaded = round_.bytes if round_ else 0
-        seconds = max(now - round_.started, 1e-3) if round_ else 0.0
-        rate = f" ({format_bytes(uploaded / seconds)}/s)" if uploaded >= 1_000_000 else ""
-        count = len(manifest.files)
-        self.log.info(
-            f"checkpoint {manifest.checkpoint} committed: {counted(count, 'file')}, "
-            f"{format_bytes(manifest.size)}; uploaded {format_bytes(uploaded)} in "
-            f"{seconds:.1f} s{rate}"
-        )
-
-    def _uncommit(self, checkpoint: str) -> None:
-        state = self._state
-        try:
-            self.catalog.delete_manifest(
-                self.owner.project, self.owner.job_id, self.owner.rank, checkpoint
-            )
-        except BtAgentError as exc:
-            self.log.warning(f"checkpoints: could not withdraw {checkpoint}'s manifest: {exc}")
-        state.commits.pop(checkpoint, None)
-        self.journal.record_commit(checkpoint, "")
-        self.log.info(f"checkpoint {checkpoint} changed after its commit: committing it again")
-
     # --- visibility --------------------------------------------------------------------------
 
     def _report(self, now: float) -> None:
@@ -664,7 +721,8 @@ class Sidecar:
         self._last_backlog = now
         state = self._state
         waiting = [*state.pending, *state.in_flight]
-        self.stats.backlog(len(waiting), sum(state.sizes.get(r, 0) for r in waiting))
+        sizes = {r: sig.size for c in state.checkpoints.values() for r, sig in c.files.items()}
+        self.stats.backlog(len(waiting), sum(sizes.get(r, 0) for r in waiting))
         if not waiting or now - self._last_report < self.settings.backlog_interval:
             return
         self._last_report = now
@@ -702,10 +760,3 @@ def _allow_open_files(wanted: int) -> None:
         ceiling = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
         if soft != resource.RLIM_INFINITY and soft < ceiling:
             resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
-
-
-def _signature(files: list[tuple[str, FileSig, str]]) -> str:
-    digest = hashlib.sha256()
-    for relative, sig, sha256 in files:
-        digest.update(f"{relative}\0{sig.size}\0{sha256}\n".encode("utf-8", "surrogateescape"))
-    return digest.hexdigest()

@@ -11,7 +11,9 @@ events are not asked for: every entry that changed inside it has its own event; 
 
 from __future__ import annotations
 
+import os
 import queue
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,16 +25,27 @@ class Change(NamedTuple):
     path: str
     whole: bool = False  # a directory: look at everything under it
     settled: bool = False  # complete as of the event: closed after writing, or renamed into place
+    writer_ended: bool = False  # closed because the process writing it ended, not by it
+    in_place: bool = True  # written where it is (not renamed in whole, nor found by a rescan)
 
 
 class Watcher:
+    """``closed(path)`` is asked at the moment a file's close-after-write event arrives
+    whether its writer ended while writing it (:class:`bt_agent.sidecar.writers.Writers`)."""
+
     def __init__(
-        self, root: Path, changes: queue.SimpleQueue[Change], polling: bool = False
+        self,
+        root: Path,
+        changes: queue.SimpleQueue[Change],
+        polling: bool = False,
+        closed: Callable[[str], bool] = lambda path: False,
     ) -> None:
         self.root = root
         self.changes = changes
         self.polling = polling
+        self.closed = closed
         self._observer: Any = None
+        self._inode: int | None = None
 
     @property
     def method(self) -> str:
@@ -41,7 +54,7 @@ class Watcher:
     def start(self) -> None:
         from watchdog.events import FileSystemEvent, FileSystemEventHandler
 
-        changes = self.changes
+        changes, closed = self.changes, self.closed
 
         class Enqueue(FileSystemEventHandler):
             def on_any_event(self, event: FileSystemEvent) -> None:
@@ -49,11 +62,19 @@ class Watcher:
                 if event.is_directory:
                     if event.event_type == "created" or moved:
                         path = _text(event.dest_path or event.src_path)
-                        changes.put(Change(path, whole=True, settled=moved))
+                        changes.put(Change(path, whole=True, settled=moved, in_place=not moved))
                     return
-                changes.put(Change(_text(event.src_path), settled=event.event_type == "closed"))
-                if event.dest_path:
-                    changes.put(Change(_text(event.dest_path), settled=True))
+                path = _text(event.src_path)
+                kind = event.event_type
+                if kind == "closed":
+                    changes.put(Change(path, settled=True, writer_ended=closed(path)))
+                else:  # a deletion, or a file renamed away, writes nothing
+                    changes.put(Change(path, in_place=kind in ("created", "modified")))
+                if event.dest_path:  # renamed into place, itself or with its directory
+                    dest = _text(event.dest_path)
+                    changes.put(Change(dest, settled=True, in_place=not event.is_synthetic))
+
+        self._inode = _inode(self.root)
 
         if not self.polling:
             try:
@@ -97,6 +118,24 @@ class Watcher:
             self._observer.stop()
             self._observer.join(5)
             self._observer = None
+
+    def rearm(self) -> bool:
+        """Watch again if the directory was replaced (removed and made anew, as
+        ``overwrite_output_dir`` does; the old watch died with the old directory). True when
+        it was: what the new one holds must be looked at."""
+        inode = _inode(self.root)
+        if inode is None or inode == self._inode:
+            return False
+        self.stop()
+        self.start()
+        return True
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
 
 
 def _text(path: str | bytes) -> str:

@@ -151,6 +151,11 @@ class ObjectStore(ABC):
     def _delete(self, key: str) -> None:
         raise self._read_only_error(key)
 
+    def _copy(self, source: str, key: str) -> None:
+        """Copy the object ``source`` to ``key`` within the store, without the bytes passing
+        through here; :class:`NotImplementedError` where the store cannot."""
+        raise NotImplementedError(f"{type(self).__name__} cannot copy objects")
+
     def batch_max_size(self) -> int:
         """Objects up to this size may go through :meth:`download_batch`; 0 where this store
         has no batch path."""
@@ -296,6 +301,13 @@ class ObjectStore(ABC):
     def delete(self, key: str) -> None:
         check_key(key)
         retry(lambda: self._delete(key), self.policy)
+
+    def copy(self, source: str, key: str) -> None:
+        """Copy ``source`` to ``key`` inside the store (:class:`NotFoundError` if ``source``
+        is not there; :class:`NotImplementedError` where the store cannot copy)."""
+        check_key(source)
+        check_key(key)
+        retry(lambda: self._copy(source, key), self.policy)
 
     def _read_only_error(self, key: str) -> StoreError:
         return StoreError(f"{self.uri(key)}: this source is read-only", self.uri(key))

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from bt_agent.errors import AccessDeniedError, NotFoundError, StoreError
+from bt_agent.errors import AccessDeniedError, KeyConflictError, NotFoundError, StoreError
 from bt_agent.storage.base import CHUNK, Fetched, ObjectInfo, ObjectStore
 from bt_agent.storage.keys import local_path
 
@@ -89,6 +89,22 @@ class FileStore(ObjectStore):
     def _put(self, key: str, data: bytes, if_absent: bool) -> bool:
         return self._place(key, lambda tmp: tmp.write_bytes(data), if_absent)
 
+    def _copy(self, source: str, key: str) -> None:
+        """A hard link where the file system allows (objects are replaced by rename, never
+        changed in place, so the two names can share the bytes), else a copy."""
+        origin = self.path(source)
+        if not origin.is_file():
+            raise NotFoundError(f"{self.uri(source)} does not exist", self.uri(source))
+
+        def fill(tmp: Path) -> None:
+            tmp.unlink()
+            try:
+                os.link(origin, tmp)
+            except OSError:
+                shutil.copyfile(origin, tmp)
+
+        self._place(key, fill, if_absent=False)
+
     def _delete(self, key: str) -> None:
         try:
             self.path(key).unlink()
@@ -97,12 +113,31 @@ class FileStore(ObjectStore):
         except OSError as exc:
             raise self._error(exc, key) from exc
 
+    def _make_parents(self, target: Path, key: str) -> None:
+        """The directories of ``target``; an object whose key is one of their names is in
+        the way (a file system cannot hold both ``a`` and ``a/b``)."""
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            parent = target.parent
+            while parent != self.root and not parent.is_file():
+                parent = parent.parent
+            raise self._conflict(key, parent.relative_to(self.root).as_posix()) from None
+
+    def _conflict(self, key: str, blocking: str) -> KeyConflictError:
+        what = "a directory of other objects" if blocking == key else "an object"
+        return KeyConflictError(
+            f"{self.uri(key)} cannot be stored: {self.uri(blocking)} is {what}, and a file "
+            "system cannot hold both a path and paths under it",
+            self.uri(key),
+        )
+
     def _place(self, key: str, fill: Callable[[Path], object], if_absent: bool) -> bool:
         """Write a unique temporary file beside the target, fsync, then rename it into place
         (or hard-link it, which fails if the target exists, for ``if_absent``)."""
         target = self.path(key)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            self._make_parents(target, key)
             fd, name = tempfile.mkstemp(
                 prefix=f".{target.name}.{uuid.uuid4().hex[:6]}.", suffix=".tmp", dir=target.parent
             )
@@ -113,6 +148,8 @@ class FileStore(ObjectStore):
                 with open(tmp, "rb") as handle:
                     os.fsync(handle.fileno())
                 if not if_absent:
+                    if target.is_dir():
+                        raise self._conflict(key, key)
                     os.replace(tmp, target)
                     return True
                 try:

@@ -181,6 +181,12 @@ class GCSStore(ObjectStore):
             raise self._error(exc, key) from exc
         return True
 
+    def _copy(self, source: str, key: str) -> None:
+        try:
+            self.bucket.copy_blob(self._blob(source), self.bucket, self._key(key), retry=None)
+        except Exception as exc:
+            raise self._error(exc, source) from exc
+
     def _delete(self, key: str) -> None:
         try:
             self.bucket.blob(self._key(key)).delete(retry=None)

@@ -16,11 +16,16 @@ def check_key(key: str) -> str:
         not key
         or key.startswith("/")
         or "\0" in key
-        or len(key.encode("utf-8", "surrogateescape")) > MAX_KEY_BYTES
         or any(part in ("", ".", "..") for part in parts)
     )
     if bad:
         raise UnsafeKeyError(f"refusing object key {key!r}: it would escape its destination")
+    size = len(key.encode("utf-8", "surrogateescape"))
+    if size > MAX_KEY_BYTES:
+        raise UnsafeKeyError(
+            f"refusing object key {key[:60]!r}...: it is {size:,} bytes long, and stores take "
+            f"at most {MAX_KEY_BYTES:,}; use shorter file names"
+        )
     return key
 
 

@@ -61,6 +61,8 @@ if TYPE_CHECKING:
 
 MiB = 1024 * 1024
 MAX_PARTS = 10_000
+#: The largest object one CopyObject takes.
+MAX_COPY_BYTES = 5 * 1024**3
 SHA256_META = "sha256"
 META_HEADER = "x-amz-meta-" + SHA256_META
 READ_TIMEOUT = 60.0
@@ -767,6 +769,18 @@ class S3Store(ObjectStore):
                 raise self._error(exc, key) from exc
 
         self._either(key, direct, sdk)
+
+    def _copy(self, source: str, key: str) -> None:
+        """CopyObject, which keeps the source's metadata (its sha256); above 5 GiB, where S3
+        needs a multipart copy, the caller uploads instead."""
+        if self._stat(source).size > MAX_COPY_BYTES:
+            raise NotImplementedError("objects over 5 GiB are not copied")
+        self._call(
+            key,
+            "copy_object",
+            Key=self._key(key),
+            CopySource={"Bucket": self.bucket, "Key": self._key(source)},
+        )
 
     def _delete(self, key: str) -> None:
         def direct(client: DirectS3) -> None:

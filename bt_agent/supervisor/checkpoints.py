@@ -14,6 +14,7 @@ from bt_agent.errors import StagingError
 from bt_agent.log import AgentLog, format_bytes
 from bt_agent.records import UploadTotals
 from bt_agent.settings import METRICS_PORT_VARIABLE
+from bt_agent.supervisor import tree
 
 if TYPE_CHECKING:
     from bt_agent.sidecar import Sidecar, SidecarSettings
@@ -68,6 +69,7 @@ class CheckpointUploads:
                 self.log,
                 self._settings,
                 self.on_commit,
+                tree.descendants,
             )
             sidecar.start()
         except Exception as exc:  # OSError, ImportError, sqlite3.Error: the same for the user
@@ -88,6 +90,19 @@ class CheckpointUploads:
             return
         self._metrics = metrics
         self.log.info(f"checkpoint metrics on http://0.0.0.0:{metrics.port}/metrics")
+
+    def open_files(self) -> dict[str, set[int]]:
+        """Checkpoint files open for writing now -> pids (none when checkpointing is off)."""
+        return self.sidecar.open_files() if self.sidecar is not None else {}
+
+    def ending_writers(self, why: str) -> None:
+        """The agent is about to end the job's processes: what they still write is torn."""
+        if self.sidecar is not None:
+            self.sidecar.ending_writers(why)
+
+    def process_killed(self, how: str) -> None:
+        if self.sidecar is not None:
+            self.sidecar.process_killed(how)
 
     def default_deadline(self) -> float:
         seconds = self._settings.drain_seconds if self._settings is not None else 0.0

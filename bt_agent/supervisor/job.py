@@ -35,11 +35,12 @@ from bt_agent.spec.loader import LoadedSpec
 from bt_agent.storage.retry import retry_for
 from bt_agent.supervisor import tree
 from bt_agent.supervisor.checkpoints import CheckpointUploads
+from bt_agent.supervisor.claim import NodeClaim
 from bt_agent.supervisor.output import OutputPump
 from bt_agent.supervisor.process import Child, describe_exit, exit_status, signal_name
 from bt_agent.supervisor.reaper import Reaper, become_subreaper
 from bt_agent.supervisor.reporter import StoreReporter
-from bt_agent.supervisor.signals import STOPPING, SignalRelay
+from bt_agent.supervisor.signals import FORWARDED, STOPPING, SignalRelay
 
 #: Seconds kept from the grace period for the shutdown steps after the commands are gone.
 SHUTDOWN_RESERVE_SECONDS = 2.0
@@ -106,11 +107,13 @@ class JobRunner:
         ctx = plan.context
         self.node = NodeRecord(ctx.job_id, ctx.project, ctx.node_rank, socket.gethostname())
         self.relay = SignalRelay()
-        self.reaper = Reaper()
+        self.reaper = Reaper(self._reaped)
         self.killed_after_grace = False
+        self._ending = False  # the agent is ending the job's processes itself
         self._child: Child | None = None
         self._pumps: list[OutputPump] = []
         self._checkpoints = CheckpointUploads(plan, catalog, self.log, self._write_node)
+        self._claim = NodeClaim(catalog, plan.context)
         self._record_lock = threading.Lock()
         self._reporter: StoreReporter | None = None
         self._outage_seconds = plan.environ.number(STORE_OUTAGE_VARIABLE, DEFAULT_OUTAGE_SECONDS)
@@ -121,9 +124,16 @@ class JobRunner:
         """Run the job to a terminal state and return the agent's exit code."""
         if not become_subreaper():
             self.log.warning("cannot become a child subreaper: orphans will not be reaped here")
+        with self.relay:
+            try:
+                self._wait_out_the_store(self._claim.take)
+            except InterruptedError:
+                return self._stopped_outcome().exit_code
+            return self._run_claimed()
+
+    def _run_claimed(self) -> int:
         with (
             tempfile.NamedTemporaryFile("w+", prefix="bt-agent-", suffix=".log") as log_file,
-            self.relay,
             StoreReporter(
                 self.catalog.write_node, Path(log_file.name), self._upload_log, self.log
             ) as self._reporter,
@@ -131,6 +141,7 @@ class JobRunner:
             self.log.copy = log_file
             self.relay.forward = self._forward
             outcome = self._phases(log_file)
+            self._wait_for_writers()
             self._cleanup()
             unsaved = self._checkpoints.drain(self._drain_deadline)
             if self.relay.stopping and outcome.status is JobStatus.COMPLETED:
@@ -150,12 +161,7 @@ class JobRunner:
             {"training_job": self.plan.spec.wire},
         )
         try:
-            retry_for(
-                lambda: self.catalog.create_job(record),
-                self._outage_seconds,
-                lambda: self.relay.stopping,
-                self._store_unreachable,
-            )
+            self._wait_out_the_store(lambda: self.catalog.create_job(record))
         except InterruptedError:
             return self._stopped_outcome()
         self._enter(JobStatus.CREATED)
@@ -190,6 +196,11 @@ class JobRunner:
         if self._reporter is not None:
             self._reporter.publish(snapshot)
 
+    def _wait_out_the_store(self, call: Callable[[], object]) -> None:
+        """``call()`` until it gets through, waiting out an unreachable store (a stop signal
+        ends the wait with :class:`InterruptedError`)."""
+        retry_for(call, self._outage_seconds, lambda: self.relay.stopping, self._store_unreachable)
+
     def _store_unreachable(self, exc: TransientStoreError, left: float) -> None:
         self.log.warning(f"the store is unreachable ({exc}); retrying for up to {left:.0f} s")
 
@@ -205,11 +216,13 @@ class JobRunner:
         self.log.info(summary + (f": {outcome.reason}" if outcome.reason else ""))
         self._enter(outcome.status)
         patience = time.monotonic() + self._outage_seconds
-        if not reporter.flush(lambda: self._records_deadline(patience)):
-            self.log.error(
-                f"the store stayed unreachable: the node record ({outcome.status.short}) and "
-                "log could not be saved; the exit code is the job's"
-            )
+        if reporter.flush(lambda: self._records_deadline(patience)):
+            self._claim.release()  # the store is there: no wait on it past the deadline
+            return
+        self.log.error(
+            f"the store stayed unreachable: the node record ({outcome.status.short}) and "
+            "log could not be saved; the exit code is the job's"
+        )
 
     # --- DEPLOYING -------------------------------------------------------------------------
 
@@ -299,7 +312,7 @@ class JobRunner:
         for index, command in enumerate(commands):
             started = now_iso()
             self.log.info(f"start_commands[{index}]: {command}")
-            status = self._run_one(command, log_file)
+            status = self._run_one(index, command, log_file)
             self.node.commands.append(CommandResult(index, command, status, started, now_iso()))
             if self.relay.stopping:
                 return self._stopped_outcome()
@@ -308,7 +321,7 @@ class JobRunner:
                 return Outcome(JobStatus.FAILED, status, what)
         return Outcome(JobStatus.COMPLETED, 0)
 
-    def _run_one(self, command: str, log_file: IO[str]) -> int:
+    def _run_one(self, index: int, command: str, log_file: IO[str]) -> int:
         try:
             child = Child.spawn(command, self.plan.env.values, self.plan.dirs.working)
         except OSError as exc:
@@ -325,7 +338,26 @@ class JobRunner:
             self._forward(self.relay.stop_signal)
         code = self._wait_for(child)
         self._child = None
-        return exit_status(code)
+        status = exit_status(code)
+        if code > 128 and self._violent(code - 128):  # the shell tells a child's death so
+            self._checkpoints.process_killed(f"start_commands[{index}] {describe_exit(status)}")
+        return status
+
+    def _reaped(self, pid: int, returncode: int) -> None:
+        """A process of the job ended: one killed may have cut short what it was writing."""
+        if returncode < 0 and self._violent(-returncode):
+            self._checkpoints.process_killed(
+                f"a process of the job (pid {pid}) was killed by {signal_name(-returncode)}"
+            )
+
+    def _violent(self, number: int) -> bool:
+        """Whether death by signal ``number`` is one nobody in the job asked for: not SIGPIPE
+        (a pipeline's reader said it was done), nor a stop signal the agent forwarded (a
+        trainer that dies of it while writing is caught by its open files instead), nor the
+        agent's own ending of processes (it looks at their open files first)."""
+        if number == signal.SIGPIPE or self._ending:  # what the agent ends, it looked at
+            return False
+        return not (self.relay.stopping and number in FORWARDED)
 
     def _wait_for(self, child: Child) -> int:
         """Wait for the command's main process, reaping every child meanwhile."""
@@ -389,10 +421,12 @@ class JobRunner:
 
     def _kill_everything(self) -> None:
         self.killed_after_grace = True
+        self._ending = True
+        grace = self.plan.context.grace_period
         self.log.warning(
-            "processes still running at the end of the "
-            f"{self.plan.context.grace_period:g} s grace period: sending SIGKILL"
+            f"processes still running at the end of the {grace:g} s grace period: sending SIGKILL"
         )
+        self._checkpoints.ending_writers(f"when the {grace:g} s grace period ended")
         if self._child is not None:
             self._child.signal_group(signal.SIGKILL)
         tree.signal_all(tree.descendants(), signal.SIGKILL)
@@ -421,8 +455,29 @@ class JobRunner:
 
     # --- shutdown --------------------------------------------------------------------------
 
+    def _wait_for_writers(self) -> None:
+        """Processes the commands left behind that still write checkpoint files get the grace
+        period to finish before they are ended (what is ended while writing is not
+        committed)."""
+        if self.relay.stopping or not (writing := self._checkpoints.open_files()):
+            return
+        grace = self.plan.context.grace_period
+        first = min(writing)
+        self.log.info(
+            f"the commands have ended; waiting up to {grace:g} s for "
+            f"{counted(len(writing), 'checkpoint file')} still being written ({first}, "
+            f"pid {min(writing[first])})"
+        )
+        deadline = time.monotonic() + grace
+        while writing and time.monotonic() < deadline and not self.relay.stopping:
+            self.reaper.reap()
+            self.relay.wait(0.1)
+            writing = self._checkpoints.open_files()
+
     def _cleanup(self) -> None:
         """End whatever the commands left behind, reap it, and drain their output."""
+        self._checkpoints.ending_writers("when the agent ended the processes left behind")
+        self._ending = True
         if self.relay.stop_time is not None:
             left = self._kill_deadline() + SHUTDOWN_RESERVE_SECONDS / 2 - time.monotonic()
             budget = min(CLEANUP_SECONDS, max(left, 0.1))

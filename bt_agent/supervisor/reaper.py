@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+from collections.abc import Callable
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -26,12 +27,14 @@ def become_subreaper() -> bool:
 
 
 class Reaper:
-    """Reaps with ``waitpid(-1, WNOHANG)`` until nothing is left to reap."""
+    """Reaps with ``waitpid(-1, WNOHANG)`` until nothing is left to reap; ``ended`` hears of
+    every process reaped (pid, returncode)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ended: Callable[[int, int], None] = lambda pid, code: None) -> None:
         self.watched: set[int] = set()
         self.statuses: dict[int, int] = {}  # pid -> returncode (negative: killed by that signal)
         self.reaped = 0
+        self.ended = ended
 
     def watch(self, pid: int) -> None:
         self.watched.add(pid)
@@ -49,8 +52,10 @@ class Reaper:
             if pid == 0:
                 return
             self.reaped += 1
+            code = os.waitstatus_to_exitcode(status)
             if pid in self.watched:
-                self.statuses[pid] = os.waitstatus_to_exitcode(status)
+                self.statuses[pid] = code
+            self.ended(pid, code)
 
     def status_of(self, pid: int) -> int | None:
         return self.statuses.get(pid)
