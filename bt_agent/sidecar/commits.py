@@ -248,7 +248,12 @@ class Committer:
 
     def not_committed(self, not_durable: list[str]) -> dict[str, str]:
         """Every checkpoint left without a commit of what it holds, with why."""
-        reasons = dict(self.holds.held)
+        checkpoints = self.state.checkpoints
+        reasons = {  # one an earlier job left is this job's only if this job added to it
+            name: why
+            for name, why in self.holds.held.items()
+            if not self.holds.inherited(name) or (name in checkpoints and checkpoints[name].dirty)
+        }
         short = {self.state.of(r).name for r in not_durable}
         for name, checkpoint in sorted(self.state.checkpoints.items()):
             if name in reasons:

@@ -30,6 +30,22 @@ class Holds:
         self.log = log
         self.journal = journal
         self._held = {name: Hold(*row) for name, row in journal.holds().items()}
+        self._inherited: set[str] = set()  # held by an earlier job on this node root
+
+    def inherit(self, checkpoint: str, reason: str, since_ns: int | None) -> None:
+        """Hold ``checkpoint``, still on disk as an earlier job on this node root left it
+        held (or half-written). It is this job's concern only once it adds to it."""
+        if checkpoint not in self._held:
+            self._inherited.add(checkpoint)
+            self.hold(checkpoint, reason, since_ns)
+
+    def inherited(self, checkpoint: str, ctime_ns: int | None = None) -> bool:
+        """Whether ``checkpoint`` is held as an earlier job left it (and a file of it that
+        changed at ``ctime_ns`` is as that job left it too)."""
+        held = self._held.get(checkpoint)
+        if checkpoint not in self._inherited or held is None:
+            return False
+        return ctime_ns is None or ctime_ns <= held.since_ns
 
     def hold(self, checkpoint: str, reason: str, since_ns: int | None = None) -> None:
         """Hold ``checkpoint`` back until it is written again after ``since_ns`` (now); the

@@ -50,6 +50,7 @@ CREATE TABLE IF NOT EXISTS writing (
 );
 """
 _OLD_TABLES = ("files", "commits", "holds", "writing")
+EARLIER_WRITING = "an earlier job on this node was writing it in place when its agent stopped"
 
 
 class Journal:
@@ -158,6 +159,25 @@ class Journal:
                 self._key,
             ).fetchall()
         return {row[0]: (row[1], row[2]) for row in rows}
+
+    def earlier_holds(self) -> dict[str, tuple[str, int | None]]:
+        """What earlier jobs on this node root held back, or left being written in place (an
+        agent that stopped mid-save), in this store and rank: name -> (reason, since when,
+        ns; None for one left being written: the time that agent stopped is not known)."""
+        where = "store=? AND rank=? AND job_id != ?"
+        args = (self.store, self.rank, self.job_id)
+        with self._lock:
+            held = self._db.execute(
+                f"SELECT checkpoint, reason, since_ns FROM holds WHERE {where}", args
+            ).fetchall()
+            writing = self._db.execute(
+                f"SELECT checkpoint FROM writing WHERE {where}", args
+            ).fetchall()
+        found: dict[str, tuple[str, int | None]] = {
+            row[0]: (EARLIER_WRITING, None) for row in writing
+        }
+        found.update({row[0]: (row[1], row[2]) for row in held})
+        return found
 
     def record_hold(self, checkpoint: str, reason: str | None, since_ns: int = 0) -> None:
         """Hold ``checkpoint`` back (``reason``), or release it (None)."""

@@ -235,6 +235,9 @@ class Sidecar:
         for name in sorted(self.journal.writing()):
             self.journal.record_writing(name, False)
             self.commits.tear(name, HALF_WRITTEN)
+        for name, (reason, since) in sorted(self.journal.earlier_holds().items()):
+            if self.dir.exists(name):
+                self.holds.inherit(name, reason, since)
 
     def _what_the_store_holds(self) -> tuple[dict[str, tuple[FileSig, str]], dict[str, str]]:
         """What the journal says this job made durable and committed in this store, as far as
@@ -532,6 +535,9 @@ class Sidecar:
             refused is not None and refused[0] == found.sig
         ):
             del state.pending[relative]  # unchanged since it was uploaded (or refused)
+            return
+        if self.holds.inherited(checkpoint.name, found.sig.ctime_ns):
+            del state.pending[relative]  # as an earlier job left it, cut short: not this job's
             return
         earlier = self._saved_by_earlier_job(found) if known is None else None
         if earlier is not None and not checkpoint.adopt:

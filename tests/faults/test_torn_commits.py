@@ -151,6 +151,10 @@ def test_a_checkpoint_half_written_when_the_container_died_waits_for_a_rewrite(
         signal_pid(pid)
     wait_for(lambda: not marked_processes(agent.mark), 10, "the trainer gone")
 
+    other = agent.run_job(trainer_job(agent, "pass"), "--job-id", "rest002", env=FAST)
+    assert other.code == 0, other.text  # another job on the node root: not its concern...
+    assert _committed(agent, "rest002") == {}, other.text  # ...nor its checkpoint
+
     again = agent.run_job(trainer_job(agent, "pass"), "--job-id", "rest001", env=FAST)
     assert again.code == 4, again.text
     assert _committed(agent, "rest001") == {}, again.text
