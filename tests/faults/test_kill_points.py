@@ -1,9 +1,15 @@
-"""SIGKILL of the agent at seeded random points of a job that writes several checkpoints, then
-the agent started again on the same node (the container restarted): nothing lost, nothing
-uploaded twice, no manifest that names anything but durable objects with matching sha256, no
-checkpoint committed that was not complete on disk.
+"""Seeded random kill points.
+
+SIGKILL of the agent at random points of a job that writes several checkpoints, then the agent
+started again on the same node (the container restarted): nothing lost, nothing uploaded twice,
+no manifest that names anything but durable objects with matching sha256, no checkpoint
+committed that was not complete on disk.
+
+SIGKILL of the trainer at random points of its saves (in place, sharded with pauses, rotated):
+no torn commit, and every checkpoint it finished committed or reported.
 
     BT_FAULT_POINTS=200 BT_FAULT_SEED=7 python3 -m pytest tests/faults   # more points
+    (BT_FAULT_POINTS agent kills, ten times as many trainer kills)
 """
 
 from __future__ import annotations
@@ -12,13 +18,17 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import sqlite3
+import subprocess
 import sys
 import time
+from collections import Counter
 from contextlib import closing
 from pathlib import Path
 
+import pytest
 from conftest import BIN, Agent, marked_processes, wait_for
 
 from bt_agent.catalog import Catalog, checkpoint_prefix
@@ -121,3 +131,73 @@ def test_sigkill_at_random_points_then_restart_loses_nothing(agent: Agent) -> No
         )
         outcomes.append(f"{delay:.2f}s:{len(on_disk)}ckpt/{before}pre/{uploaded_again}re")
     print(f"{POINTS} kill points (seed {SEED}): " + " ".join(outcomes))
+
+
+# --- the trainer killed (SIGKILL, as by the OOM killer) at random points of its saves -------
+
+TRAINER_POINTS = 10 * POINTS  # 200 per CI run
+SAVE_AND_DIE = BIN / "save_and_die.py"
+STYLES = ("inplace", "shards", "rotate")
+
+
+def _operations(style: str, seed: int) -> int:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SAVE_AND_DIE),
+            "/dev/null",
+            "--style",
+            style,
+            "--seed",
+            str(seed),
+            "--count",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(done.stdout)
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_trainer_killed_at_random_points_of_its_saves(agent: Agent, style: str) -> None:
+    """No torn commit: every manifest names a checkpoint the trainer finished, file by file
+    (by sha256), and every object it names holds those bytes. No silent loss: every finished
+    checkpoint is committed, or named with why in the node record."""
+    rng = random.Random(SEED * 1000 + STYLES.index(style))
+    store = open_store(agent.store.as_uri(), Environ({}))
+    catalog = Catalog(store)
+    points = TRAINER_POINTS // len(STYLES) + (STYLES.index(style) < TRAINER_POINTS % len(STYLES))
+    tally: Counter[str] = Counter()
+    for point in range(points):
+        job_id = f"{style[:3]}{point:04d}"
+        seed = rng.randrange(1 << 30)
+        kill = rng.randrange(_operations(style, seed))
+        ledger = agent.root / f"ledger-{job_id}.json"
+        command = (
+            f"{sys.executable} {SAVE_AND_DIE} {ledger} --style {style} --seed {seed} --kill {kill}"
+        )
+        node = agent.root / f"node-{job_id}"
+        result = agent.run_job(
+            _job(command), "--job-id", job_id, "--node-root", str(node), env=ENV, timeout=60
+        )
+        where = f"{style} kill point {point} (seed {seed}, operation {kill})"
+        assert result.code == 128 + signal.SIGKILL, f"{where}: {result.text}"
+        finished = json.loads(ledger.read_text()) if ledger.exists() else {}
+        committed = {m.checkpoint: m for m in catalog.manifests("default", job_id, 0)}
+        for name, manifest in committed.items():
+            files = {f.path: f.sha256 for f in manifest.files}
+            assert files == finished.get(name), f"{where}: torn commit of {name}: {result.text}"
+            prefix = checkpoint_prefix("default", job_id, 0, name)
+            for entry in manifest.files:
+                data = store.read_bytes(f"{prefix}/{entry.path}")
+                assert hashlib.sha256(data).hexdigest() == entry.sha256, f"{where}: {name}"
+        record = json.loads(store.read_bytes(f"projects/default/jobs/{job_id}/nodes/rank-0.json"))
+        reported = record["uploads"]["not_committed"]
+        for name in finished:
+            assert name in committed or name in reported, f"{where}: {name} lost: {result.text}"
+        tally["committed"] += len(committed)
+        for name in set(finished) - set(committed):  # why, in short
+            tally[" ".join(reported[name].split()[:4])] += 1
+        shutil.rmtree(node, ignore_errors=True)
+    print(f"{points} trainer kill points ({style}, seed {SEED}): {dict(tally)}")
