@@ -83,17 +83,17 @@ class Committer:
 
     def step(self, now: float, quiet: float, draining: bool) -> None:
         """Settle and commit what has been quiet (draining: whatever the clock says)."""
-        ready = [
+        busy = self.state.busy()
+        ready = [  # a checkpoint still uploading waits: no need to look who writes it yet
             c
             for c in self.state.checkpoints.values()
-            if (c.dirty or c.writing)
+            if (c.writing or (c.dirty and c.name not in busy))
             and (draining or now >= c.touched + quiet)
             and now >= c.retry_at
         ]
         if not ready:
             return
         open_now = self._open(ready, now)
-        busy = self.state.busy()
         for checkpoint in ready:
             checkpoint.open_file = open_now.get(checkpoint.name)
             if checkpoint.open_file is not None:
