@@ -42,6 +42,8 @@ from bt_agent.sidecar.writers import Writers
 
 #: How long a failed manifest write waits before the next attempt.
 COMMIT_RETRY_SECONDS = 2.0
+#: How often a checkpoint kept from a commit (held back, a file refused) is looked at again.
+BLOCKED_RECHECK_SECONDS = 1.0
 Files = list[tuple[str, FileSig, str]]  # (path, signature, sha256)
 
 
@@ -138,6 +140,7 @@ class Committer:
             if refused is not None and refused[0] == found.sig:
                 what = within_checkpoint(relative)
                 checkpoint.blocked = f"the store refused {what}: {refused[1]}"
+                checkpoint.retry_at = now + BLOCKED_RECHECK_SECONDS
                 return
             sha256 = self.state.durable_as(relative, found.sig)
             if sha256 is not None:
@@ -184,6 +187,7 @@ class Committer:
             checkpoint.dirty = False
             return
         if self.holds.blocks(checkpoint.name, (sig.ctime_ns for _, sig, _ in files)):
+            checkpoint.retry_at = now + BLOCKED_RECHECK_SECONDS
             return  # stays dirty: committed only once written again
         signature = _signature(files)
         if checkpoint.committed == signature:

@@ -27,13 +27,15 @@ import time
 from collections import Counter
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import BIN, Agent, marked_processes, wait_for
 
 from bt_agent.catalog import Catalog, checkpoint_prefix
+from bt_agent.records import Manifest
 from bt_agent.settings import Environ
-from bt_agent.storage import open_store
+from bt_agent.storage import ObjectStore, open_store
 
 POINTS = int(os.environ.get("BT_FAULT_POINTS", "20"))
 SEED = int(os.environ.get("BT_FAULT_SEED", "1"))
@@ -78,6 +80,18 @@ def _journal_files(node: Path, job_id: str) -> int:
         return int(row[0])
 
 
+def _assert_objects_hold(store: ObjectStore, job_id: str, manifest: Manifest, where: str) -> None:
+    """Every object ``manifest`` names holds the bytes it says (by sha256)."""
+    prefix = checkpoint_prefix("default", job_id, 0, manifest.checkpoint)
+    for entry in manifest.files:
+        data = store.read_bytes(f"{prefix}/{entry.path}")
+        assert hashlib.sha256(data).hexdigest() == entry.sha256, f"{where}: {manifest.checkpoint}"
+
+
+def _node_record(store: ObjectStore, job_id: str) -> dict[str, Any]:
+    return dict(json.loads(store.read_bytes(f"projects/default/jobs/{job_id}/nodes/rank-0.json")))
+
+
 def _kill_everything(agent: Agent) -> None:
     """The container died: the agent and every process of the job."""
     for pid in marked_processes(agent.mark):
@@ -119,11 +133,8 @@ def test_sigkill_at_random_points_then_restart_loses_nothing(agent: Agent) -> No
         for name, files in on_disk.items():
             manifest = committed[name]
             assert {f.path: f.sha256 for f in manifest.files} == files, f"{where}: {name}"
-            prefix = checkpoint_prefix("default", job_id, 0, name)
-            for entry in manifest.files:
-                data = store.read_bytes(f"{prefix}/{entry.path}")
-                assert hashlib.sha256(data).hexdigest() == entry.sha256, f"{where}: {name}"
-        record = json.loads(store.read_bytes(f"projects/default/jobs/{job_id}/nodes/rank-0.json"))
+            _assert_objects_hold(store, job_id, manifest, where)
+        record = _node_record(store, job_id)
         uploaded_again = record["uploads"]["files"]
         assert record["uploads"]["not_durable"] == []
         assert uploaded_again <= expected_files - min(before, expected_files), (
@@ -188,11 +199,8 @@ def test_trainer_killed_at_random_points_of_its_saves(agent: Agent, style: str) 
         for name, manifest in committed.items():
             files = {f.path: f.sha256 for f in manifest.files}
             assert files == finished.get(name), f"{where}: torn commit of {name}: {result.text}"
-            prefix = checkpoint_prefix("default", job_id, 0, name)
-            for entry in manifest.files:
-                data = store.read_bytes(f"{prefix}/{entry.path}")
-                assert hashlib.sha256(data).hexdigest() == entry.sha256, f"{where}: {name}"
-        record = json.loads(store.read_bytes(f"projects/default/jobs/{job_id}/nodes/rank-0.json"))
+            _assert_objects_hold(store, job_id, manifest, where)
+        record = _node_record(store, job_id)
         reported = record["uploads"]["not_committed"]
         for name in finished:
             assert name in committed or name in reported, f"{where}: {name} lost: {result.text}"
