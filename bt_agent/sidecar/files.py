@@ -30,9 +30,14 @@ def transient(relative: str) -> bool:
     """Whether ``relative`` is work in progress: under a temporary top-level directory, or a
     file with a temporary suffix."""
     head, sep, _ = relative.partition("/")
-    if sep and (head.startswith(TEMPORARY_DIR_PREFIXES) or head.endswith(TEMPORARY_SUFFIXES)):
+    if sep and transient_dir(head):
         return True
     return relative.endswith(TEMPORARY_SUFFIXES)
+
+
+def transient_dir(name: str) -> bool:
+    """Whether a top-level directory ``name`` holds work in progress (``tmp-checkpoint-20``)."""
+    return name.startswith(TEMPORARY_DIR_PREFIXES) or name.endswith(TEMPORARY_SUFFIXES)
 
 
 @dataclass(frozen=True)
@@ -153,11 +158,9 @@ class CheckpointDir:
         except OSError:
             return False
 
-    def written_in_place_since(self, since_ns: int) -> dict[str, int]:
-        """Checkpoints with a file changed after ``since_ns`` (the kernel's change times), in
-        place, with their newest change: a directory renamed into place after its last write
-        (HF Trainer's ``tmp-checkpoint-N``) was complete when it arrived and is not among
-        them."""
+    def changed_since(self, since_ns: int) -> dict[str, int]:
+        """Checkpoints with a file changed after ``since_ns`` (the kernel's change times, which
+        no write can put back), with their newest change."""
         found: dict[str, int] = {}
         with os.scandir(self.root) as entries:
             top = list(entries)
@@ -168,13 +171,12 @@ class CheckpointDir:
         if newest > since_ns:
             found[ROOT_CHECKPOINT] = newest
         for entry in top:
-            if not entry.is_dir(follow_symlinks=False) or self.relative(entry.path) is None:
+            if not entry.is_dir(follow_symlinks=False) or transient_dir(entry.name):
                 continue
             newest = _newest_change(
                 os.path.join(d, name) for d, _, names in os.walk(entry.path) for name in names
             )
-            arrived = _newest_change([entry.path])
-            if newest > since_ns and newest >= arrived:
+            if newest > since_ns:
                 found[entry.name] = newest
         return found
 

@@ -33,6 +33,7 @@ class Checkpoint:
     dirty: bool = False  # content seen or uploaded that no commit names yet
     committed: str | None = None  # the signature of its manifest in the store
     writing: bool = False  # written in place, not yet settled (in the journal too)
+    renamed_in: bool = False  # arrived whole, renamed into place, and not written since
     blocked: str | None = None  # why it cannot be committed as it is (till it changes)
     open_file: str | None = None  # a file of it open for writing, at the last look
     adopt: bool = False  # it holds new content: files an earlier job saved are copied in too

@@ -277,9 +277,9 @@ class Sidecar:
         the drain goes, since a stop signal shortens it) passes."""
         started = time.monotonic()
         self.watcher.stop()
-        self._changes.put(Change(str(self.dir.root), whole=True, in_place=False))
-        self._draining = True
         self._idle.clear()
+        self._changes.put(Change(str(self.dir.root), whole=True, in_place=False))
+        self._draining = True  # after the rescan is queued: a step that sees it takes it
         self._wake.set()
         while not self._idle.wait(min(max(deadline() - time.monotonic(), 0), 0.5)):
             if time.monotonic() >= deadline():
@@ -351,6 +351,7 @@ class Sidecar:
             self._wake.clear()
 
     def _step(self, now: float) -> None:
+        draining = self._draining  # only a step begun draining has taken the drain's rescan
         self._rearm()
         self._take_changes(now)
         self._take_notices()
@@ -360,7 +361,7 @@ class Sidecar:
         self._hand_over()  # whatever way _submit ended: a file counted in flight must go
         self.commits.step(now, self.settings.quiet_seconds, self._draining)
         self._report(now)
-        if self._draining and self._finished():
+        if draining and self._finished():
             self._idle.set()
 
     def _finished(self) -> bool:
@@ -414,6 +415,8 @@ class Sidecar:
             state.pending[relative] = max(now + wait, state.pending.get(relative, 0.0))
         checkpoint = state.of(relative)
         checkpoint.touched = now
+        if in_place:
+            checkpoint.renamed_in = False
         if in_place and not checkpoint.writing:
             checkpoint.writing = True
             self.journal.record_writing(checkpoint.name, True)
@@ -434,9 +437,12 @@ class Sidecar:
             path = change.path
             if change.whole:  # a directory that appeared (or the whole dir, at the drain)
                 under = self.dir.relative(path) if path != str(self.dir.root) else ""
-                if under is not None:
-                    for inner in self.dir.walk(under):
-                        self._changed(inner, now, change.settled, change.in_place)
+                if under is None:
+                    continue
+                for inner in self.dir.walk(under):
+                    self._changed(inner, now, change.settled, change.in_place)
+                if under and "/" not in under and change.settled and not change.in_place:
+                    self._state.checkpoint(under).renamed_in = True  # whole when it arrived
                 continue
             relative = self.dir.relative(path)
             if relative is None:
@@ -464,11 +470,17 @@ class Sidecar:
     def _killed_while_writing(self, killed: _Killed) -> dict[str, str]:
         """What a process of the job was writing when it was killed: checkpoints written in
         place and not yet settled, and the one written last if that was within
-        ``kill_window`` (a pause between two files of one save looks settled). One the trainer
-        went on from to write another is not among them: that save was over."""
+        ``kill_window`` (a pause between two files of one save looks settled), unless it was
+        renamed into place whole. One the trainer went on from to write another is not among
+        them: that save was over."""
         since = killed.at_ns - int(self.settings.kill_window * 1e9)
-        recent = self.dir.written_in_place_since(since)
-        names = {c.name for c in self._state.checkpoints.values() if c.writing}
+        checkpoints = self._state.checkpoints
+        recent = {  # one renamed into place whole (HF Trainer's tmp-checkpoint-N) was complete
+            name: newest
+            for name, newest in self.dir.changed_since(since).items()
+            if not (name in checkpoints and checkpoints[name].renamed_in)
+        }
+        names = {c.name for c in checkpoints.values() if c.writing}
         if recent:
             names.add(max(recent, key=lambda name: recent[name]))
         return {name: f"{killed.how} while it was being written" for name in sorted(names)}
