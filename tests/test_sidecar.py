@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import sys
@@ -90,6 +91,64 @@ def test_watcher_says_which_changes_are_settled(tmp_path: Path) -> None:
     assert settled("renamed.bin") == {True}, seen
     renamed_in = Change(str(tmp_path / "checkpoint-1"), whole=True, settled=True, in_place=False)
     assert renamed_in in seen, seen
+
+
+def test_watcher_flush_hands_over_every_change_made_before_it(tmp_path: Path) -> None:
+    """What the drain relies on: once flush returns True, every change made before it is in
+    the queue (here taken without any wait), a checkpoint renamed in and rotated away at once
+    included; the marker itself is never a change, and is gone."""
+    import queue
+
+    from bt_agent.sidecar.watch import MARKER_PREFIX, Change, Watcher
+
+    changes: queue.SimpleQueue[Change] = queue.SimpleQueue()
+    watcher = Watcher(tmp_path, changes)
+    watcher.start()
+    try:
+        for index in range(300):
+            (tmp_path / f"file-{index}.bin").write_bytes(b"x")
+        (tmp_path / "tmp-checkpoint-1").mkdir()
+        (tmp_path / "tmp-checkpoint-1" / "model.bin").write_bytes(b"z")
+        (tmp_path / "tmp-checkpoint-1").rename(tmp_path / "checkpoint-1")
+        shutil.rmtree(tmp_path / "checkpoint-1")
+        assert watcher.flush(10.0)
+        seen: list[Change] = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                seen.append(changes.get_nowait())
+    finally:
+        watcher.stop()
+    paths = {c.path for c in seen}
+    assert {str(tmp_path / f"file-{index}.bin") for index in range(300)} <= paths
+    renamed_in = Change(str(tmp_path / "checkpoint-1"), whole=True, settled=True, in_place=False)
+    assert renamed_in in seen
+    assert not [p for p in paths if MARKER_PREFIX in p]
+    assert not list(tmp_path.glob(f"{MARKER_PREFIX}*"))
+
+
+def test_watcher_flush_says_when_it_cannot_know(tmp_path: Path) -> None:
+    """Polling sees no file that came and went between two scans; a directory that takes no
+    marker cannot be flushed: both say so rather than pretend."""
+    import queue
+
+    from bt_agent.sidecar.watch import Change, Watcher
+
+    changes: queue.SimpleQueue[Change] = queue.SimpleQueue()
+    polling = Watcher(tmp_path, changes, polling=True)
+    polling.start()
+    try:
+        assert not polling.flush(1.0)
+    finally:
+        polling.stop()
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    watcher = Watcher(gone, changes)
+    watcher.start()
+    try:
+        gone.rmdir()
+        assert not watcher.flush(1.0)
+    finally:
+        watcher.stop()
 
 
 def test_settled_files_wait_the_short_period_and_open_ones_the_quiet_period(

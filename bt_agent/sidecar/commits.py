@@ -166,13 +166,16 @@ class Committer:
         missing = sorted(
             {r for r, sig in seen if self.state.durable_as(r, sig) is None} | checkpoint.vanished
         )
-        if checkpoint.writing or missing:
-            what = (
-                "it was deleted while being written"
-                if checkpoint.writing
-                else f"it was deleted before {counted(len(missing), 'file')} "
-                f"({within_checkpoint(missing[0])}) could be uploaded"
-            )
+        if checkpoint.writing or missing or not seen:
+            if checkpoint.writing:
+                what = "it was deleted while being written"
+            elif missing:
+                what = (
+                    f"it was deleted before {counted(len(missing), 'file')} "
+                    f"({within_checkpoint(missing[0])}) could be uploaded"
+                )
+            else:
+                what = "it was deleted before its files could be read"
             self.log.error(f"checkpoints: not committing {checkpoint.name}: {what}")
             checkpoint.blocked = what
             checkpoint.dirty = False

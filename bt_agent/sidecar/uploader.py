@@ -72,6 +72,8 @@ MiB = 1024 * 1024
 #: At most this many files queued for upload, and QUEUE_BYTES per worker (see Sidecar._room).
 QUEUE_FILES = 512
 QUEUE_BYTES = 16 * MiB
+#: How long the drain waits for the watch to hand over the changes it still holds.
+FLUSH_SECONDS = 2.0
 HALF_WRITTEN = "it was being written in place when the agent last stopped"
 
 
@@ -276,6 +278,7 @@ class Sidecar:
         until everything is durable or ``deadline()`` (``time.monotonic()``; asked again as
         the drain goes, since a stop signal shortens it) passes."""
         started = time.monotonic()
+        self.watcher.flush(min(FLUSH_SECONDS, max(deadline() - started, 0.0)))
         self.watcher.stop()
         self._idle.clear()
         self._changes.put(Change(str(self.dir.root), whole=True, in_place=False))
@@ -442,7 +445,7 @@ class Sidecar:
                 for inner in self.dir.walk(under):
                     self._changed(inner, now, change.settled, change.in_place)
                 if under and "/" not in under and change.settled and not change.in_place:
-                    self._state.checkpoint(under).renamed_in = True  # whole when it arrived
+                    self._renamed_in(under)
                 continue
             relative = self.dir.relative(path)
             if relative is None:
@@ -456,6 +459,15 @@ class Sidecar:
             writes = writes or (change.in_place and not change.settled)
         if writes:
             self.writers.scan(now)  # who writes: a file closed by its writer's end is torn
+
+    def _renamed_in(self, name: str) -> None:
+        """Checkpoint ``name`` was renamed into place whole (complete when it arrived). One
+        already gone again (rotated away at once) is known only by its name: kept, so that it
+        is reported rather than forgotten."""
+        checkpoint = self._state.checkpoint(name)
+        checkpoint.renamed_in = True
+        if not checkpoint.files and not self.dir.exists(name):
+            checkpoint.dirty = True
 
     def _take_notices(self) -> None:
         while True:

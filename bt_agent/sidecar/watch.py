@@ -7,18 +7,29 @@ path holds was complete as the event came (a file closed after writing, or a fil
 renamed into place), rather than possibly still being written. A directory's own "modified"
 events are not asked for: every entry that changed inside it has its own event; nor are
 "opened" and "closed without writing" (reads change nothing).
+
+Before the drain stops the watch, :meth:`Watcher.flush` makes sure every change made until then
+has been handed over: inotify reports the events of one watch in order, so once a marker file
+created (and removed at once) in the directory is reported, everything before it is too. A
+checkpoint renamed in and rotated away while the agent lagged behind is still known, and
+reported, rather than forgotten with the events the watch held when it stopped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
+import threading
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 #: Seconds between two scans when watching by polling.
 POLL_INTERVAL = 1.0
+#: Names of the marker files :meth:`Watcher.flush` creates and removes at once.
+MARKER_PREFIX = ".bt-agent-flush-"
 
 
 class Change(NamedTuple):
@@ -46,6 +57,8 @@ class Watcher:
         self.closed = closed
         self._observer: Any = None
         self._inode: int | None = None
+        self._marker = ""  # the marker :meth:`flush` waits for, while it waits
+        self._flushed = threading.Event()
 
     @property
     def method(self) -> str:
@@ -54,10 +67,12 @@ class Watcher:
     def start(self) -> None:
         from watchdog.events import FileSystemEvent, FileSystemEventHandler
 
-        changes, closed = self.changes, self.closed
+        changes, closed, marked = self.changes, self.closed, self._marked
 
         class Enqueue(FileSystemEventHandler):
             def on_any_event(self, event: FileSystemEvent) -> None:
+                if marked(_text(event.src_path)):
+                    return
                 moved = event.event_type == "moved"
                 if event.is_directory:
                     if event.event_type == "created" or moved:
@@ -113,10 +128,46 @@ class Watcher:
         observer.start()
         return observer
 
+    def _marked(self, path: str) -> bool:
+        """Whether ``path`` is a marker of :meth:`flush` (never a change); the awaited one
+        ends the wait."""
+        name = os.path.basename(path)
+        if not name.startswith(MARKER_PREFIX):
+            return False
+        if name == self._marker:
+            self._flushed.set()
+        return True
+
+    def flush(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` seconds) until every change made before this call has been
+        handed over. False when that is not known: when polling (a scan sees no file that came
+        and went between two scans anyway), when the directory takes no marker (gone, not a
+        directory, read-only, full) or when the watch lags by more than ``timeout``."""
+        if self._observer is None or self.polling:
+            return False
+        self._marker = f"{MARKER_PREFIX}{uuid.uuid4().hex}"
+        self._flushed.clear()
+        try:
+            directory = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            return False
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            os.close(os.open(self._marker, flags, 0o600, dir_fd=directory))
+            os.unlink(self._marker, dir_fd=directory)
+        except OSError:
+            return False
+        finally:
+            os.close(directory)
+        return self._flushed.wait(timeout)
+
     def stop(self) -> None:
         if self._observer is not None:
-            self._observer.stop()
-            self._observer.join(5)
+            # watchdog's own bookkeeping can fail on a watched directory swapped for a symlink
+            # (a KeyError in its stop): the watch is over either way.
+            with contextlib.suppress(KeyError, OSError, RuntimeError):
+                self._observer.stop()
+                self._observer.join(5)
             self._observer = None
 
     def rearm(self) -> bool:
