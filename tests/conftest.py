@@ -242,23 +242,6 @@ def small_tmpfs(where: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
-@pytest.fixture
-def spliced(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The byte counts that went from a pipe into a file: a spy on the splice path of
-    ``bt_agent.storage.receive`` (the path still runs as it is)."""
-    from bt_agent.storage import receive
-
-    moved: list[int] = []
-    to_file = receive._to_file
-
-    def spy(pipe: receive._Pipe, fd: int, offset: int, count: int) -> None:
-        moved.append(count)
-        to_file(pipe, fd, offset, count)
-
-    monkeypatch.setattr(receive, "_to_file", spy)
-    return moved
-
-
 def trainer_job(agent: Agent, source: str, args: str = "", before: str = "") -> dict[str, Any]:
     """A job with checkpointing on whose one command runs the Python ``source`` (saved in the
     test's directory) with ``args``, after the shell command ``before`` if given."""

@@ -105,13 +105,58 @@ class Server:
             self.process.wait()
 
 
+@dataclass(frozen=True)
+class Certificates:
+    """A CA of the test's own and a server certificate it signed."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def certificates(root: Path, hosts: tuple[str, ...] = ("localhost", "127.0.0.1")) -> Certificates:
+    """A CA and a certificate it signed for ``hosts`` (names or IP addresses), as PEM files
+    under ``root``: what a user passes through ``AWS_CA_BUNDLE``."""
+    openssl = require("openssl", "apt-get install openssl")
+    root.mkdir(parents=True, exist_ok=True)
+    ca, ca_key = root / "ca.pem", root / "ca-key.pem"
+    cert, key, request = root / "cert.pem", root / "key.pem", root / "cert.csr"
+    names = ",".join(
+        f"IP:{host}" if host.replace(".", "").isdigit() else f"DNS:{host}" for host in hosts
+    )
+    extensions = root / "cert.ext"
+    extensions.write_text(f"subjectAltName={names}\nbasicConstraints=CA:FALSE\n")
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], capture_output=True, check=True)
+
+    run(
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=bt test CA",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=keyCertSign",
+        "-keyout", str(ca_key), "-out", str(ca),
+    )  # fmt: skip
+    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={hosts[0]}",
+        "-keyout", str(key), "-out", str(request))  # fmt: skip
+    run("x509", "-req", "-in", str(request), "-CA", str(ca), "-CAkey", str(ca_key),
+        "-CAcreateserial", "-days", "2", "-extfile", str(extensions),
+        "-out", str(cert))  # fmt: skip
+    return Certificates(ca, cert, key)
+
+
 @dataclass
 class SeaweedFS(Server):
     data: Path = Path()
+    https_port: int = 0
+    certificates: Certificates | None = None
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def https_endpoint(self) -> str:
+        """The same S3 gateway over TLS, its certificate signed by ``certificates.ca``."""
+        return f"https://localhost:{self.https_port}"
 
     def client(self) -> Any:
         """A plain boto3 client with the server's keys, for seeding and checking buckets."""
@@ -144,11 +189,12 @@ def seaweedfs(root: Path) -> SeaweedFS:
     (data / "logs").mkdir(parents=True, exist_ok=True)
     ports: set[int] = set()
     taken: set[int] = set()  # each port's gRPC twin (port + 10000) must not be another's port
-    for _ in range(5):
+    for _ in range(6):
         port = free_port(taken)
         ports.add(port)
         taken |= {port, port + 10000, port - 10000}
-    s3, master, filer, volume, admin = sorted(ports)
+    s3, master, filer, volume, admin, https = sorted(ports)
+    tls = certificates(data / "tls", ("localhost",))  # 127.0.0.1 is a name it does not hold
     argv = [
         weed,
         f"-logdir={data}/logs",
@@ -162,6 +208,9 @@ def seaweedfs(root: Path) -> SeaweedFS:
         "-s3.port.lance=0",
         "-master.telemetry=false",
         f"-s3.port={s3}",
+        f"-s3.port.https={https}",
+        f"-s3.cert.file={tls.cert}",
+        f"-s3.key.file={tls.key}",
         f"-master.port={master}",
         f"-filer.port={filer}",
         f"-volume.port={volume}",
@@ -174,6 +223,8 @@ def seaweedfs(root: Path) -> SeaweedFS:
         {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY},
         ready_timeout=60,
         data=data,
+        https_port=https,
+        certificates=tls,
     )
     server.start()
     _wait_for_s3(server)

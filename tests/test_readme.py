@@ -22,7 +22,8 @@ def _normalized(lines: list[str], ids: list[str]) -> list[str]:
     for line in lines:
         for index, job_id in enumerate(ids):
             line = line.replace(job_id, f"<job{index}>")
-        out.append(re.sub(r"(file://)?/\S*", "<path>", line))
+        # The README shows paths as a reader's would read: relative, or under ~
+        out.append(re.sub(r"(file://)?(~|\.bt-node)?/\S*", "<path>", line))
     return out
 
 

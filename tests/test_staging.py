@@ -384,9 +384,9 @@ def test_a_key_that_would_escape_the_mount_fails_the_plan(key: str, tmp_path: Pa
 def test_staging_from_s3_with_keys_in_the_environment_imports_no_botocore(
     agent: Agent, s3_server: servers.SeaweedFS
 ) -> None:
-    """Start-up time: with the keys and the region in the standard variables, listing and
-    fetching (ranged GETs included) take the direct path, and botocore (0.2 s to import and
-    build a client) is never loaded."""
+    """Start-up time: with the keys and the region in the standard variables, the engine is
+    built from them, and botocore (0.2 s to import and build a client) is never loaded while
+    listing and fetching (ranged GETs included)."""
     files = {"model.safetensors": bytes(range(256)) * 4096 * 17, "config.json": b"{}"}  # 17 MiB
     url = _seed_s3(s3_server, files)
     spec = agent.spec(_job([{"source": url, "mount_location": "/app/model"}], "true"))

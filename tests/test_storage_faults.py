@@ -7,21 +7,19 @@ import hashlib
 import signal
 import threading
 import time
-import tracemalloc
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import servers
+from fault_proxy import FaultProxy
 
-from bt_agent.errors import TransientStoreError
+from bt_agent.errors import IntegrityError, TransientStoreError
 from bt_agent.settings import Environ
 from bt_agent.storage import open_store
-from bt_agent.storage.budget import ByteBudget
 from bt_agent.storage.retry import RetryPolicy, retry
 from bt_agent.storage.s3 import S3Store, S3Tuning
-from bt_agent.storage.s3_direct import DirectS3, Reply
 
 MiB = 1024 * 1024
 
@@ -72,12 +70,6 @@ def test_store_killed_mid_upload_gives_a_clear_error(
     message = str(caught.value)
     assert "gave up after 3 attempts" in message and store.uri("model.bin") in message
     assert time.monotonic() - started < 60
-    # Every part's memory is given back, those cancelled before they started included: the
-    # next upload must not wait for bytes nobody holds.
-    deadline = time.monotonic() + 30
-    while store._memory.held and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert store._memory.held == 0
 
 
 def test_store_back_within_the_retries_completes_the_upload(
@@ -97,108 +89,6 @@ def test_store_back_within_the_retries_completes_the_upload(
     reviver.join()
     assert result.sha256 == hashlib.sha256(source.read_bytes()).hexdigest()
     assert store.read_bytes("model.bin") == source.read_bytes()
-
-
-def _intercept_parts(
-    monkeypatch: pytest.MonkeyPatch,
-    answer: Callable[[Callable[[], Reply], Mapping[str, str]], Reply],
-) -> None:
-    """The direct path's UploadPart requests answered by ``answer(send, query)`` (``send()``
-    makes the real request), a stand-in for answers SeaweedFS gives on no demand; every other
-    request goes through as it is."""
-    request = DirectS3.request
-
-    def intercepted(
-        self: DirectS3,
-        method: str,
-        key: str,
-        headers: Mapping[str, str] | None = None,
-        body: bytes | None = None,
-        query: Mapping[str, str] | None = None,
-    ) -> Reply:
-        def send() -> Reply:
-            return request(self, method, key, headers, body, query)
-
-        return answer(send, query) if query and "partNumber" in query else send()
-
-    monkeypatch.setattr(DirectS3, "request", intercepted)
-
-
-def test_a_part_answer_the_direct_path_cannot_read_goes_through_botocore(
-    s3_server: servers.SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A service that answers an UploadPart without an ETag (a stand-in for the answer, at the
-    direct path's request): the store turns to botocore for good and the upload completes."""
-    store = _store(s3_server, RetryPolicy(attempts=3, base_seconds=0.01, cap_seconds=0.02))
-    source = _big_file(tmp_path, 12 * MiB)
-
-    def without_etag(send: Callable[[], Reply], query: Mapping[str, str]) -> Reply:
-        reply = send()
-        reply.headers.pop("etag", None)
-        return reply
-
-    _intercept_parts(monkeypatch, without_etag)
-    result = store.upload_file(source, "model.bin")
-    assert store.direct is None  # botocore from now on
-    assert result.sha256 == hashlib.sha256(source.read_bytes()).hexdigest()
-    assert store.read_bytes("model.bin") == source.read_bytes()
-
-
-def test_a_failed_multipart_upload_stops_reading_and_keeps_no_part(
-    s3_server: servers.SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Every part answered with InternalError (a stand-in for the answer, at the direct path's
-    request: SeaweedFS gives no such answer on demand; the upload's own code, the answer's
-    parsing included, runs as is). The upload reads no further than the parts already in
-    flight, and the error, kept by whoever reports it, holds no part's bytes: a 64 MiB file
-    retried three times once held every part of every attempt."""
-    store = _store(s3_server, RetryPolicy(attempts=3, base_seconds=0.01, cap_seconds=0.02))
-    source = _big_file(tmp_path, 64 * MiB)
-    sent: list[str] = []
-    internal = b"<Error><Code>InternalError</Code><Message>internal error</Message></Error>"
-
-    def failing(send: Callable[[], Reply], query: Mapping[str, str]) -> Reply:
-        sent.append(query["partNumber"])
-        time.sleep(0.02)
-        return Reply(500, {}, internal)
-
-    _intercept_parts(monkeypatch, failing)
-    assert not store.exists("model.bin")  # the client built (its models: 11 MiB) before measuring
-    tracemalloc.start()
-    try:
-        with pytest.raises(TransientStoreError, match="gave up after 3 attempts") as caught:
-            store.upload_file(source, "model.bin")
-        held, _ = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert caught.value is not None  # the error is alive while memory is measured
-    parts_per_attempt = 64 // 5 + 1
-    assert len(sent) < 3 * parts_per_attempt / 2, sent
-    assert held < 4 * 5 * MiB, f"{held / MiB:.0f} MiB held after the failure"
-    assert store._memory.held == 0
-
-
-def test_byte_budget_bounds_what_is_held_at_once() -> None:
-    budget = ByteBudget(10)
-    peak = 0
-    lock = threading.Lock()
-
-    def hold(size: int) -> None:
-        nonlocal peak
-        with budget.holding(size):
-            with lock:
-                peak = max(peak, budget.held)
-            time.sleep(0.01)
-
-    threads = [threading.Thread(target=hold, args=(size,)) for size in [3, 4, 5, 6, 1, 2] * 5]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(10)
-    assert 6 <= peak <= 10 and budget.held == 0
-    with budget.holding(1000):  # more than the whole budget: takes all of it, still served
-        assert budget.held == 10
-    assert budget.held == 0
 
 
 def test_retry_backs_off_with_capped_jitter() -> None:
@@ -266,3 +156,50 @@ def test_retry_for_waits_out_an_outage_then_gives_up_or_stops() -> None:
     with pytest.raises(InterruptedError):
         retry_for(down, 60, stopping=lambda: now[0] > 5, sleep=sleep, clock=clock)
     assert now[0] < 6, "a stop request ends the wait"
+
+
+# --- answers and damage a real server gives on no demand: a proxy in front of it --------------
+
+
+def _through(proxy: FaultProxy, server: servers.SeaweedFS) -> S3Store:
+    store = _store(server, RetryPolicy(attempts=3, base_seconds=0.01, cap_seconds=0.02))
+    store.endpoint_url = proxy.endpoint
+    return store
+
+
+def test_slow_down_answers_are_retried(s3_server: servers.SeaweedFS, tmp_path: Path) -> None:
+    """503 SlowDown (S3's request-rate answer) is retried with backoff, for a small PUT and for
+    the parts of a multipart upload alike; the upload completes."""
+    proxy = FaultProxy(s3_server.port, slow_down=4)
+    try:
+        store = _through(proxy, s3_server)
+        assert store.write_bytes("small.bin", b"weights")
+        source = _big_file(tmp_path, 12 * MiB)
+        proxy.slow_down += 2
+        result = store.upload_file(source, "model.bin")
+    finally:
+        proxy.close()
+    assert proxy.answered == 6
+    assert result.sha256 == hashlib.sha256(source.read_bytes()).hexdigest()
+    assert store.read_bytes("model.bin") == source.read_bytes()
+    assert store.read_bytes("small.bin") == b"weights"
+
+
+def test_a_body_damaged_on_the_way_is_refused_by_the_service(
+    s3_server: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    """Every request with a body carries its checksum, which the service verifies: a byte
+    flipped on the way (a whole object, or one part of a multipart upload) is refused, and
+    nothing is stored."""
+    proxy = FaultProxy(s3_server.port, corrupt=1)
+    try:
+        store = _through(proxy, s3_server)
+        with pytest.raises(IntegrityError, match="checksum"):
+            store.write_bytes("small.bin", b"weights" * 100)
+        proxy.corrupt += 1
+        with pytest.raises(IntegrityError, match="checksum"):
+            store.upload_file(_big_file(tmp_path, 12 * MiB), "model.bin")
+    finally:
+        proxy.close()
+    assert proxy.corrupted == 2
+    assert not store.exists("small.bin") and not store.exists("model.bin")

@@ -26,6 +26,7 @@ from bt_agent.storage.retry import DEFAULT_POLICY, RetryPolicy, retry
 CHUNK = 1024 * 1024
 _partials = itertools.count()  # names this process's partial files apart (with its pid)
 U = TypeVar("U", bound="Upload")
+S = TypeVar("S", bound="ObjectStore")
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,15 @@ class ObjectStore(ABC):
         blocks until it has files) hands some over; None ends the stream. ``finished`` is told
         of each: the sha256 of what was stored, or the typed error."""
         raise NotImplementedError(f"{type(self).__name__} has no upload stream")
+
+    def close(self) -> None:  # noqa: B027 (most backends hold nothing to let go of)
+        """Let go of connections and threads; the store is not used after."""
+
+    def __enter__(self: S) -> S:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # --- derived once -----------------------------------------------------------------------
 

@@ -12,11 +12,9 @@ from bt_agent.storage.file import FileStore
 
 R2_ENDPOINT = "https://{account}.r2.cloudflarestorage.com"
 R2_ENDPOINT_VARIABLE = "BT_R2_ENDPOINT_URL"  # overrides the endpoint (tests, proxies)
-S3_DIRECT_VARIABLE = "BT_S3_DIRECT"  # "0": every S3 request through botocore
-#: Settings only botocore honours: where one is set, S3 requests all go through botocore.
-_SDK_ONLY = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
-CA_BUNDLE_VARIABLE = "AWS_CA_BUNDLE"  # trusted by botocore and by the direct path alike
+CA_BUNDLE_VARIABLE = "AWS_CA_BUNDLE"  # a PEM file of CAs trusted beside the system's
 REGION_VARIABLE = "AWS_DEFAULT_REGION"  # botocore's; where unset, botocore reads the profile
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
 
 
 def open_store(
@@ -40,8 +38,8 @@ def open_store(
             keys=keys,
             region=(keys.region if keys else None) or environ.get(REGION_VARIABLE),
             endpoint_url=environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL"),
-            direct_requests=_direct_requests(environ),
             ca_bundle=environ.get(CA_BUNDLE_VARIABLE),
+            proxy_url=_proxy(environ),
         )
     if scheme == "r2":
         return _r2(url, environ, secret, secret_name)
@@ -87,21 +85,21 @@ def _r2(url: str, environ: Environ, secret: str | None, secret_name: str) -> Obj
         keys=keys,
         endpoint_url=endpoint,
         region="auto",
-        direct_requests=_direct_requests(environ),
         ca_bundle=environ.get(CA_BUNDLE_VARIABLE),
+        proxy_url=_proxy(environ),
     )
 
 
 def _environment_keys(environ: Environ) -> S3Keys | None:
     """The keys of the standard AWS variables, when both are set: what botocore's credential
-    chain takes first too (before profiles and instance roles), read here so that the direct
-    path needs no botocore."""
+    chain takes first too (before profiles and instance roles), read here so that a store
+    opened with them needs no botocore."""
     key_id, secret_key = environ.get("AWS_ACCESS_KEY_ID"), environ.get("AWS_SECRET_ACCESS_KEY")
     if not key_id or not secret_key:
         return None
     return S3Keys(key_id, secret_key, session_token=environ.get("AWS_SESSION_TOKEN") or None)
 
 
-def _direct_requests(environ: Environ) -> bool:
-    """Whether S3 single-object requests may skip botocore (bt_agent.storage.s3_direct)."""
-    return environ.get(S3_DIRECT_VARIABLE) != "0" and not any(map(environ.get, _SDK_ONLY))
+def _proxy(environ: Environ) -> str | None:
+    """The proxy of the standard variables, as curl and botocore read them."""
+    return next((value for value in map(environ.get, PROXY_VARIABLES) if value), None)

@@ -170,6 +170,7 @@ def _operations(style: str, seed: int) -> int:
     return int(done.stdout)
 
 
+@pytest.mark.timeout(900)  # 67 jobs with pauses: a loaded machine must not cut the campaign
 @pytest.mark.parametrize("style", STYLES)
 def test_trainer_killed_at_random_points_of_its_saves(agent: Agent, style: str) -> None:
     """No torn commit: every manifest names a checkpoint the trainer finished, file by file

@@ -1,0 +1,105 @@
+"""A TCP proxy in front of a real S3 server that misbehaves on demand, for what the server does
+not do when asked: answer ``503 SlowDown``, or let a request body be corrupted on the way.
+
+It forwards bytes unchanged (a SigV4 signature covers the Host header the client sent, which the
+server checks as it receives it), so every request it does not touch reaches the server as the
+client made it. Plain HTTP only: a body cannot be corrupted inside TLS without breaking TLS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from dataclasses import dataclass, field
+
+SLOW_DOWN = (
+    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nConnection: close\r\n"
+    b"Content-Length: 114\r\n\r\n"
+    b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
+    b"<Message>Reduce your request rate</Message></Error>"
+)
+
+
+@dataclass
+class FaultProxy:
+    """Listens on 127.0.0.1; the first ``slow_down`` requests are answered 503 SlowDown, and
+    the body of the first ``corrupt`` requests that carry one has a byte flipped."""
+
+    upstream_port: int
+    slow_down: int = 0
+    corrupt: int = 0
+    answered: int = 0  # requests answered 503 by the proxy itself
+    corrupted: int = 0
+    _server: socket.socket = field(init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0))
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self._server.getsockname()[1]}"
+
+    def close(self) -> None:
+        self._server.close()
+
+    def _take(self, what: str) -> bool:
+        with self._lock:
+            if what == "slow_down" and self.answered < self.slow_down:
+                self.answered += 1
+                return True
+            if what == "corrupt" and self.corrupted < self.corrupt:
+                self.corrupted += 1
+                return True
+            return False
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        with client, socket.create_connection(("127.0.0.1", self.upstream_port)) as upstream:
+            threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
+            buffer = b""
+            while True:  # one request at a time: head, then its body
+                while b"\r\n\r\n" not in buffer:
+                    data = client.recv(65536)
+                    if not data:
+                        return
+                    buffer += data
+                head, _, buffer = buffer.partition(b"\r\n\r\n")
+                length = _content_length(head)
+                while len(buffer) < length:
+                    data = client.recv(65536)
+                    if not data:
+                        return
+                    buffer += data
+                body, buffer = buffer[:length], buffer[length:]
+                if self._take("slow_down"):
+                    client.sendall(SLOW_DOWN)
+                    return
+                if body and self._take("corrupt"):
+                    body = bytes([body[0] ^ 0xFF]) + body[1:]
+                upstream.sendall(head + b"\r\n\r\n" + body)
+
+
+def _content_length(head: bytes) -> int:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value.strip())
+    return 0
+
+
+def _pipe(source: socket.socket, target: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            target.sendall(data)
+    with contextlib.suppress(OSError):
+        target.shutdown(socket.SHUT_WR)

@@ -1,0 +1,151 @@
+"""S3 over TLS as users run it: the endpoint's CA trusted through ``AWS_CA_BUNDLE``, a profile's
+``endpoint_url`` and keys found by botocore's chain. A certificate that cannot be trusted is a
+clear error at once (naming the endpoint and the variable to set), never an outage to wait out
+and never a fall back to plain HTTP; nothing is written."""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import servers
+
+from bt_agent.errors import StoreError, TransientStoreError
+from bt_agent.settings import Environ
+from bt_agent.storage import open_store
+from bt_agent.storage.s3 import S3Store
+
+SECRET = (
+    f'{{"aws_access_key_id": "{servers.ACCESS_KEY}", '
+    f'"aws_secret_access_key": "{servers.SECRET_KEY}"}}'
+)
+
+
+def _bucket(server: servers.SeaweedFS) -> str:
+    bucket = f"t{uuid.uuid4().hex[:12]}"
+    server.create_bucket(bucket)
+    return bucket
+
+
+def _absent(server: servers.SeaweedFS, bucket: str) -> bool:
+    return "Contents" not in server.client().list_objects_v2(Bucket=bucket)
+
+
+def _refused(store: S3Store) -> StoreError:
+    started = time.monotonic()
+    with pytest.raises(StoreError) as caught:
+        store.write_bytes("model.bin", b"weights")
+    assert time.monotonic() - started < 10, "a certificate error is not waited out"
+    assert not isinstance(caught.value, TransientStoreError)
+    return caught.value
+
+
+def test_a_ca_that_did_not_sign_the_certificate_is_a_clear_error(
+    s3_server: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    other = servers.certificates(tmp_path / "other-ca")
+    bucket = _bucket(s3_server)
+    environ = {"AWS_ENDPOINT_URL": s3_server.https_endpoint}
+    for trusted in ({"AWS_CA_BUNDLE": str(other.ca)}, {}):  # another CA; the system's roots
+        store = open_store(f"s3://{bucket}/x", Environ({**environ, **trusted}), SECRET, "creds")
+        assert isinstance(store, S3Store)
+        message = str(_refused(store))
+        assert "certificate" in message and "AWS_CA_BUNDLE" in message, message
+        assert s3_server.https_endpoint in message, message
+    assert _absent(s3_server, bucket)
+
+
+def test_a_certificate_for_another_host_is_a_clear_error(s3_server: servers.SeaweedFS) -> None:
+    """The server's certificate names localhost; 127.0.0.1 is not a name it holds."""
+    assert s3_server.certificates is not None
+    bucket = _bucket(s3_server)
+    endpoint = s3_server.https_endpoint.replace("localhost", "127.0.0.1")
+    environ = Environ(
+        {"AWS_ENDPOINT_URL": endpoint, "AWS_CA_BUNDLE": str(s3_server.certificates.ca)}
+    )
+    store = open_store(f"s3://{bucket}/x", environ, SECRET, "creds")
+    assert isinstance(store, S3Store)
+    message = str(_refused(store))
+    assert "certificate" in message and endpoint in message, message
+    assert _absent(s3_server, bucket)
+
+
+def test_a_missing_ca_bundle_file_names_the_variable(s3_server: servers.SeaweedFS) -> None:
+    environ = Environ(
+        {"AWS_ENDPOINT_URL": s3_server.https_endpoint, "AWS_CA_BUNDLE": "/nonexistent/ca.pem"}
+    )
+    store = open_store("s3://bucket/x", environ, SECRET, "creds")
+    assert isinstance(store, S3Store)
+    message = str(_refused(store))
+    assert "AWS_CA_BUNDLE=/nonexistent/ca.pem" in message and "PEM" in message, message
+
+
+def test_a_profile_gives_the_endpoint_and_the_keys(
+    s3_server: servers.SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No key in the environment: botocore's chain reads the profile of AWS_PROFILE in a
+    shared config file (its endpoint_url, region and ca_bundle) and its credentials file."""
+    assert s3_server.certificates is not None
+    bucket = _bucket(s3_server)  # by the test's own client, before the profile is set
+    config, credentials = tmp_path / "config", tmp_path / "credentials"
+    config.write_text(
+        "[profile staging]\n"
+        "region = us-east-1\n"
+        f"endpoint_url = {s3_server.https_endpoint}\n"
+        f"ca_bundle = {s3_server.certificates.ca}\n"
+    )
+    credentials.write_text(
+        "[staging]\n"
+        f"aws_access_key_id = {servers.ACCESS_KEY}\n"
+        f"aws_secret_access_key = {servers.SECRET_KEY}\n"
+    )
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_CA_BUNDLE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_PROFILE", "staging")
+    store = open_store(f"s3://{bucket}/p", Environ({"AWS_PROFILE": "staging"}))
+    assert isinstance(store, S3Store)
+    assert store.write_bytes("model.bin", b"weights")
+    assert store.read_bytes("model.bin") == b"weights"
+    monkeypatch.delenv("AWS_PROFILE")
+    assert not _absent(s3_server, bucket)
+
+
+def test_credentials_that_expire_are_asked_for_again(
+    s3_server: servers.SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A profile's credential_process hands out keys that expire within a minute: botocore's
+    chain, as the engine's credential provider, is asked again as they near their expiry, and
+    an upload of many requests goes through."""
+    bucket = _bucket(s3_server)
+    calls = tmp_path / "calls"
+    helper = tmp_path / "credentials.py"
+    helper.write_text(
+        "import datetime, json, sys\n"
+        f"open({str(calls)!r}, 'a').write('x')\n"
+        "expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=60)\n"
+        "print(json.dumps({'Version': 1, "
+        f"'AccessKeyId': {servers.ACCESS_KEY!r}, 'SecretAccessKey': {servers.SECRET_KEY!r}, "
+        "'Expiration': expires.isoformat()}))\n"
+    )
+    config = tmp_path / "config"
+    config.write_text(
+        f"[profile short]\nregion = us-east-1\ncredential_process = {sys.executable} {helper}\n"
+    )
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_PROFILE", "short")
+    store = open_store(f"s3://{bucket}/p", Environ({"AWS_ENDPOINT_URL": s3_server.endpoint}))
+    assert isinstance(store, S3Store)
+    for index in range(3):
+        assert store.write_bytes(f"f{index}.bin", b"weights")
+        time.sleep(0.2)
+    monkeypatch.delenv("AWS_PROFILE")
+    assert len(calls.read_text()) >= 2, "the expiring keys were asked for again"
+    assert store.read_bytes("f2.bin") == b"weights"
