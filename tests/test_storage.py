@@ -25,12 +25,13 @@ from bt_agent.errors import (
 )
 from bt_agent.settings import Environ
 from bt_agent.storage import ObjectStore, open_store
+from bt_agent.storage.engine import Tuning
 from bt_agent.storage.gcs import GCSStore
 from bt_agent.storage.hf import HFStore
-from bt_agent.storage.s3 import S3Store, S3Tuning
+from bt_agent.storage.s3 import S3Store
 
 MiB = 1024 * 1024
-SMALL_TUNING = S3Tuning(
+SMALL_TUNING = Tuning(
     multipart_threshold=5 * MiB,
     part_size=5 * MiB,
     upload_part_size=5 * MiB,
@@ -396,7 +397,7 @@ def test_open_store_urls() -> None:
 
 
 def test_part_size_keeps_huge_files_under_10000_parts() -> None:
-    tuning = S3Tuning()
+    tuning = Tuning()
     for size in (1, 16 * MiB, 100 * 1024**3, 500 * 1024**3, 5 * 1024**4):
         for upload in (False, True):
             part = tuning.part_size_for(size, upload)

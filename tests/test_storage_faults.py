@@ -18,8 +18,9 @@ from fault_proxy import FaultProxy
 from bt_agent.errors import IntegrityError, TransientStoreError
 from bt_agent.settings import Environ
 from bt_agent.storage import open_store
+from bt_agent.storage.engine import Tuning
 from bt_agent.storage.retry import RetryPolicy, retry
-from bt_agent.storage.s3 import S3Store, S3Tuning
+from bt_agent.storage.s3 import S3Store
 
 MiB = 1024 * 1024
 
@@ -42,7 +43,7 @@ def _store(server: servers.SeaweedFS, policy: RetryPolicy) -> S3Store:
         f"s3://{bucket}/x", Environ({"AWS_ENDPOINT_URL": server.endpoint}), secret, "creds"
     )
     assert isinstance(store, S3Store)
-    store.tuning = S3Tuning(
+    store.tuning = Tuning(
         multipart_threshold=5 * MiB, part_size=5 * MiB, upload_part_size=5 * MiB, concurrency=2
     )
     store.policy = policy

@@ -1,0 +1,515 @@
+"""Object stores on obstore, the Python face of the Rust ``object_store`` crate (DataFusion's,
+Polars', delta-rs'): signing, TLS, connection pooling, retries with backoff and multipart
+uploads all happen in its core, outside the GIL. Each backend (:mod:`s3`, :mod:`azure`) says how
+its engine is built and where its credentials come from; everything else is here, once.
+
+What the engine cannot know stays here: each upload's sha256, computed once while reading and
+stored as the object's ``sha256`` metadata where it is known before the first byte is sent
+(below the multipart size); ranged downloads in parallel, written at their offsets; batches of
+small objects on the engine's async face; and its errors turned into the typed errors of
+:mod:`bt_agent.errors`, a certificate that cannot be trusted among them (a clear error at once,
+never an outage to wait out).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+import threading
+from abc import abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from bt_agent.errors import (
+    AccessDeniedError,
+    IntegrityError,
+    NotFoundError,
+    StoreError,
+    TransientStoreError,
+)
+from bt_agent.storage.base import (
+    CHUNK,
+    Fetched,
+    Finished,
+    ObjectInfo,
+    ObjectStore,
+    U,
+    Wanted,
+)
+from bt_agent.storage.keys import join_key, relative_key
+
+if TYPE_CHECKING:  # asyncio itself costs a start 30 ms: imported where a batch runs
+    import asyncio
+
+    from obstore.store import ClientConfig, RetryConfig
+
+T = TypeVar("T")
+MiB = 1024 * 1024
+MAX_PARTS = 10_000
+SHA256_META = "sha256"
+#: The engine's own retries of one request (ours, with their longer backoff, come on top).
+ENGINE_RETRIES: RetryConfig = {
+    "max_retries": 2,
+    "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=2)},
+    "retry_timeout": timedelta(seconds=30),
+}
+_CORRUPT = re.compile(
+    r"BadDigest|InvalidDigest|XAmzContentSHA256Mismatch|InvalidChecksum|Md5Mismatch"
+)
+_CERTIFICATE = re.compile(r"certificate|UnknownIssuer|CertNotValid|NotValidForName", re.I)
+_STATUS = re.compile(r"status code: (\d{3})")
+_RETRYABLE = re.compile(r"SlowDown|RequestTimeout|InternalError|ServiceUnavailable|Throttl|Busy")
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Transfer settings. Part sizes grow for very large files to stay under 10,000 parts.
+
+    Uploads hold ``concurrency x upload_part_size`` bytes of file content at most per upload
+    (the checkpoint sidecar runs beside training); ranged downloads hold one part per thread."""
+
+    multipart_threshold: int = 16 * MiB  # downloads above this: parallel ranged GETs
+    part_size: int = 16 * MiB  # the range of each
+    upload_part_size: int = 8 * MiB  # uploads above this: multipart, in parts of this size
+    concurrency: int = 8  # parts in flight per transfer
+    list_page_size: int = 1000
+    batch_max_size: int = MiB  # objects up to this size may be fetched in batches
+    batch_in_flight: int = 32  # requests at once in a batch or an upload stream
+
+    def part_size_for(self, size: int, upload: bool = False) -> int:
+        needed = math.ceil(size / (MAX_PARTS - 1))
+        base = self.upload_part_size if upload else self.part_size
+        return max(base, math.ceil(needed / MiB) * MiB)
+
+
+class EngineStore(ObjectStore):
+    """A store whose requests obstore makes. ``endpoint_url`` and ``ca_variable`` name, in
+    errors, where requests go and how to trust its certificate."""
+
+    #: The largest object the service copies in one request (None: no limit).
+    max_copy_bytes: int | None = None
+    ca_variable = "SSL_CERT_FILE"
+
+    def __init__(self, prefix: str, url: str, endpoint_url: str | None, tuning: Tuning | None):
+        self.prefix = prefix.strip("/")
+        self.url = url
+        self.endpoint_url = endpoint_url
+        self.tuning = tuning or Tuning()
+        self._engine: Any = None
+        self._lock = threading.Lock()
+        self._parts: ThreadPoolExecutor | None = None
+
+    @abstractmethod
+    def _make_engine(self) -> Any:
+        """obstore's store for this backend (its credentials resolved)."""
+
+    @property
+    def engine(self) -> Any:
+        """obstore's store, built at first use."""
+        with self._lock:
+            if self._engine is None:
+                self._engine = self._make_engine()
+            return self._engine
+
+    def _client_options(self, ca_bundle: str | None, proxy_url: str | None) -> ClientConfig:
+        endpoint = self.endpoint_url
+        options: ClientConfig = {
+            "connect_timeout": timedelta(seconds=10),
+            "timeout": timedelta(seconds=300),
+            "allow_http": bool(endpoint and endpoint.startswith("http://")),
+        }
+        if ca_bundle:
+            try:
+                options["root_certificate"] = Path(ca_bundle).read_bytes()
+            except OSError as exc:
+                raise StoreError(
+                    f"{self.uri()}: cannot read {self.ca_variable}={ca_bundle} "
+                    f"({exc.strerror}); point it at the PEM file of the endpoint's CA",
+                    self.uri(),
+                ) from exc
+        if proxy_url:
+            options["proxy_url"] = proxy_url
+        return options
+
+    def close(self) -> None:
+        with self._lock:
+            self._engine = None
+            if self._parts is not None:
+                self._parts.shutdown(wait=False, cancel_futures=True)
+                self._parts = None
+
+    def _pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._parts is None:
+                self._parts = ThreadPoolExecutor(self.tuning.concurrency, "bt-engine")
+            return self._parts
+
+    def _key(self, key: str) -> str:
+        return join_key(self.prefix, key)
+
+    # --- errors --------------------------------------------------------------------------------
+
+    def _error(self, exc: Exception, key: str) -> Exception:
+        """The typed error for one of the engine's."""
+        from obstore import exceptions as engine
+
+        uri = self.uri(key)
+        text = str(exc)
+        detail = _first_line(text)
+        status = _STATUS.search(text)
+        code = status.group(1) if status else ""
+        where = self.endpoint_url or "the service"
+        if isinstance(exc, FileNotFoundError | engine.NotFoundError) or code == "404":
+            return NotFoundError(f"{uri} does not exist; check the bucket and the path", uri)
+        if isinstance(exc, engine.PermissionDeniedError | engine.UnauthenticatedError) or code in (
+            "401",
+            "403",
+        ):
+            return AccessDeniedError(
+                f"{uri}: access denied ({code or 'forbidden'}); check the credentials and the "
+                "bucket's policy",
+                uri,
+            )
+        if not isinstance(exc, engine.BaseError):
+            return exc
+        if _CORRUPT.search(text):
+            return IntegrityError(f"{uri}: the service rejected the checksum ({detail})", uri)
+        if _CERTIFICATE.search(text):
+            return StoreError(
+                f"{uri}: the TLS certificate of {where} is not trusted ({_tls_reason(text)}); "
+                f"set {self.ca_variable} to the PEM file of the CA that signed it",
+                uri,
+            )
+        if code.startswith("5") or code == "429" or _RETRYABLE.search(text):
+            return TransientStoreError(f"{uri}: {code or 'retryable'}: {detail}", uri)
+        if not code:  # no answer at all: connection refused, reset, timed out
+            return TransientStoreError(f"{uri}: cannot reach {where} ({detail})", uri)
+        return StoreError(f"{uri}: {detail}", uri)
+
+    def _engine_call(self, key: str, call: Callable[[Any], Any]) -> Any:
+        try:
+            return call(self.engine)
+        except Exception as exc:
+            raise self._error(exc, key) from None
+
+    # --- the core ------------------------------------------------------------------------------
+
+    def _list(self, prefix: str) -> list[ObjectInfo]:
+        """Listings go by path segments in the engine: the directory of ``prefix`` is listed
+        and what does not start with it is left out."""
+        import obstore
+
+        under = self._key(prefix) if prefix else ""
+        directory = under.rpartition("/")[0] if not under.endswith("/") else under.rstrip("/")
+        if not prefix and self.prefix:
+            directory = self.prefix
+        found: list[ObjectInfo] = []
+
+        def listing(engine: Any) -> None:
+            pages = obstore.list(
+                engine, prefix=directory or None, chunk_size=self.tuning.list_page_size
+            )
+            for page in pages:
+                for item in page:
+                    path = item["path"]
+                    if path.startswith(under):
+                        etag = (item.get("e_tag") or "").strip('"')
+                        found.append(
+                            ObjectInfo(relative_key(self.prefix, path), item["size"], etag)
+                        )
+
+        self._engine_call(prefix, listing)
+        return found
+
+    def _stat(self, key: str) -> ObjectInfo:
+        import obstore
+
+        head = self._engine_call(
+            key, lambda engine: obstore.get(engine, self._key(key), options={"head": True})
+        )
+        return _info(key, head.meta, head.attributes)
+
+    def _read_range(self, key: str, start: int, length: int) -> bytes:
+        import obstore
+
+        data = self._engine_call(
+            key,
+            lambda engine: obstore.get_range(engine, self._key(key), start=start, length=length),
+        )
+        return bytes(data)
+
+    def _download(self, key: str, target: Path, size: int | None) -> Fetched:
+        """One streamed GET for objects up to the multipart threshold (its answer carries the
+        metadata), ranged GETs in parallel above it."""
+        import obstore
+
+        if size is not None and size > self.tuning.multipart_threshold:
+            return self._download_ranges(key, target, self._stat(key))
+        result = self._engine_call(key, lambda engine: obstore.get(engine, self._key(key)))
+        info = _info(key, result.meta, result.attributes)
+        if info.size > self.tuning.multipart_threshold:
+            return self._download_ranges(key, target, info)
+        digest = hashlib.sha256()
+        try:
+            with open(target, "wb") as handle:
+                for chunk in result.stream(min_chunk_size=CHUNK):
+                    digest.update(chunk)
+                    handle.write(chunk)
+        except OSError:
+            raise
+        except Exception as exc:
+            raise self._error(exc, key) from None
+        return Fetched(info.sha256, digest.hexdigest())
+
+    def _download_ranges(self, key: str, target: Path, info: ObjectInfo) -> Fetched:
+        part = self.tuning.part_size_for(info.size)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, info.size)
+            futures = [
+                self._pool().submit(self._fetch_range, key, fd, start, min(part, info.size - start))
+                for start in range(0, info.size, part)
+            ]
+            try:
+                for future in futures:
+                    future.result()
+            finally:
+                for future in futures:
+                    future.cancel()
+                for future in futures:  # none may write to the descriptor once it is closed
+                    if not future.cancelled():
+                        future.exception()
+        finally:
+            os.close(fd)
+        return Fetched(info.sha256, None)
+
+    def _fetch_range(self, key: str, fd: int, start: int, length: int) -> None:
+        data = self._read_range(key, start, length)
+        if len(data) != length:
+            raise TransientStoreError(f"{self.uri(key)}: short read at {start}", self.uri(key))
+        view = memoryview(data)
+        offset = start
+        while view:
+            written = os.pwrite(fd, view, offset)
+            view, offset = view[written:], offset + written
+
+    def _upload(self, path: Path, key: str) -> str:
+        """Below the part size, one PUT with the sha256 as metadata; above, a multipart upload
+        fed by a reader that hashes each part as the engine takes it."""
+        import obstore
+
+        size = path.stat().st_size
+        if size <= self.tuning.upload_part_size:
+            data = path.read_bytes()
+            digest = hashlib.sha256(data).hexdigest()
+            self._put_object(key, data, digest)
+            return digest
+        part = self.tuning.part_size_for(size, upload=True)
+        whole = hashlib.sha256()
+
+        def parts() -> Iterator[bytes]:
+            with open(path, "rb") as handle:
+                while chunk := handle.read(part):
+                    whole.update(chunk)
+                    yield chunk
+
+        self._engine_call(
+            key,
+            lambda engine: obstore.put(
+                engine,
+                self._key(key),
+                parts(),
+                chunk_size=part,
+                max_concurrency=self.tuning.concurrency,
+            ),
+        )
+        return whole.hexdigest()
+
+    def _put_object(self, key: str, data: bytes, sha256: str, if_absent: bool = False) -> bool:
+        """One PUT with the sha256 as metadata; with ``if_absent`` a conditional write
+        (``If-None-Match: *``), False when an object is there already."""
+        import obstore
+        from obstore import exceptions as engine
+
+        try:
+            obstore.put(
+                self.engine,
+                self._key(key),
+                data,
+                attributes={SHA256_META: sha256},
+                mode="create" if if_absent else "overwrite",
+                use_multipart=False,
+            )
+        except (engine.AlreadyExistsError, engine.PreconditionError):
+            if if_absent:
+                return False
+            raise
+        except Exception as exc:
+            raise self._error(exc, key) from None
+        return True
+
+    def _put(self, key: str, data: bytes, if_absent: bool) -> bool:
+        return self._put_object(key, data, hashlib.sha256(data).hexdigest(), if_absent)
+
+    def _copy(self, source: str, key: str) -> None:
+        """A copy inside the service, which keeps the source's metadata (its sha256); above
+        ``max_copy_bytes`` the caller uploads instead."""
+        import obstore
+
+        limit = self.max_copy_bytes
+        if limit is not None and self._stat(source).size > limit:
+            raise NotImplementedError(f"objects over {limit} bytes are not copied")
+        self._engine_call(
+            key, lambda engine: obstore.copy(engine, self._key(source), self._key(key))
+        )
+
+    def _delete(self, key: str) -> None:
+        import obstore
+
+        self._engine_call(key, lambda engine: obstore.delete(engine, self._key(key)))
+
+    # --- many small objects at once, on the engine's async face --------------------------------
+
+    def batch_max_size(self) -> int:
+        return self.tuning.batch_max_size
+
+    def download_batch(self, wanted: Iterator[Wanted], finished: Finished) -> None:
+        import asyncio
+
+        asyncio.run(self._download_batch(wanted, finished))
+
+    async def _download_batch(self, wanted: Iterator[Wanted], finished: Finished) -> None:
+        import asyncio
+
+        import obstore
+
+        engine = self.engine
+        room = asyncio.Semaphore(self.tuning.batch_in_flight)
+        failed = False
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def fetch(item: Wanted) -> None:
+            nonlocal failed
+            key = item.expected.key
+            outcome: Exception | None = None
+            try:
+                result = await obstore.get_async(engine, self._key(key))
+                body = bytes(await result.bytes_async())
+            except Exception as exc:
+                outcome = self._error(exc, key)
+            else:
+                try:
+                    self.place(item, body, result.attributes.get(SHA256_META))
+                except Exception as exc:  # the file system's, or the checksum's
+                    outcome = exc
+            room.release()
+            failed = failed or outcome is not None
+            finished(item, outcome)
+
+        while not failed:
+            await room.acquire()
+            item = next(wanted, None) if not failed else None
+            if item is None:
+                room.release()
+                break
+            task = asyncio.create_task(fetch(item))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks)
+
+    def upload_stream(
+        self,
+        take: Callable[[], Sequence[U] | None],
+        finished: Callable[[U, str | Exception], None],
+    ) -> None:
+        import asyncio
+
+        asyncio.run(self._upload_stream(take, finished))
+
+    async def _upload_stream(
+        self,
+        take: Callable[[], Sequence[U] | None],
+        finished: Callable[[U, str | Exception], None],
+    ) -> None:
+        import asyncio
+
+        import obstore
+
+        engine = self.engine
+        loop = asyncio.get_running_loop()
+        room = asyncio.Semaphore(self.tuning.batch_in_flight)
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def put(item: U) -> None:
+            outcome: str | Exception
+            try:
+                data = item.path.read_bytes()
+            except OSError as exc:
+                outcome = exc
+            else:
+                digest = hashlib.sha256(data).hexdigest()
+                try:
+                    await obstore.put_async(
+                        engine,
+                        self._key(item.key),
+                        data,
+                        attributes={SHA256_META: digest},
+                        use_multipart=False,
+                    )
+                    outcome = digest
+                except Exception as exc:
+                    outcome = self._error(exc, item.key)
+            room.release()
+            finished(item, outcome)
+
+        while (batch := await _in_daemon_thread(loop, take)) is not None:
+            for item in batch:
+                await room.acquire()
+                task = asyncio.create_task(put(item))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks)
+
+
+async def _in_daemon_thread(loop: asyncio.AbstractEventLoop, call: Callable[[], T]) -> T:
+    """``call()`` on a daemon thread of its own: one that blocks for good (a stream nobody
+    ends) must not hold the interpreter's exit, as an executor's thread would."""
+    future: asyncio.Future[T] = loop.create_future()
+
+    def run() -> None:
+        try:
+            result = call()
+        except Exception as exc:
+            loop.call_soon_threadsafe(future.set_exception, exc)
+        else:
+            loop.call_soon_threadsafe(future.set_result, result)
+
+    threading.Thread(target=run, name="bt-s3-take", daemon=True).start()
+    return await future
+
+
+def _info(key: str, meta: Any, attributes: Any) -> ObjectInfo:
+    return ObjectInfo(
+        key,
+        int(meta["size"]),
+        (meta.get("e_tag") or "").strip('"'),
+        attributes.get(SHA256_META),
+    )
+
+
+def _first_line(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line.split(" - ", 1)[-1].strip().rstrip(":")
+
+
+def _tls_reason(text: str) -> str:
+    found = re.search(r"InvalidCertificate\(\s*(\w+)", text)
+    return found.group(1) if found else "certificate verification failed"
