@@ -294,6 +294,13 @@ def s3_server(server_root: Path) -> Iterator[servers.SeaweedFS]:
 
 
 @pytest.fixture(scope="session")
+def azure_server(server_root: Path) -> Iterator[servers.Azurite]:
+    server = servers.azurite(server_root)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def gcs_server(server_root: Path) -> Iterator[servers.FakeGCS]:
     server = servers.fake_gcs(server_root)
     yield server

@@ -398,6 +398,79 @@ def static_https(root: Path) -> StaticHTTPS:
     return server.start()  # type: ignore[return-value]
 
 
+#: Azurite's well-known development account (the same in every Azurite).
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+
+
+@dataclass
+class Azurite(Server):
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}/{AZURITE_ACCOUNT}"
+
+    @property
+    def connection_string(self) -> str:
+        """What the Azure portal gives a user: the agent's secret, or its environment's."""
+        return (
+            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
+            f"AccountKey={AZURITE_KEY};BlobEndpoint={self.endpoint};"
+        )
+
+    def create_container(self, name: str) -> None:
+        """One Create Container request, signed with the account's key (SharedKey): seeding,
+        done outside the code under test."""
+        import base64
+        import hmac
+        import urllib.request
+        from email.utils import formatdate
+
+        date = formatdate(usegmt=True)
+        version = "2021-08-06"
+        signed = (
+            "PUT\n\n\n\n\n\n\n\n\n\n\n\n"
+            f"x-ms-date:{date}\nx-ms-version:{version}\n"
+            f"/{AZURITE_ACCOUNT}/{AZURITE_ACCOUNT}/{name}\nrestype:container"
+        )
+        key = base64.b64decode(AZURITE_KEY)
+        digest = hmac.new(key, signed.encode(), "sha256").digest()
+        request = urllib.request.Request(
+            f"{self.endpoint}/{name}?restype=container",
+            method="PUT",
+            headers={
+                "x-ms-date": date,
+                "x-ms-version": version,
+                "Authorization": f"SharedKey {AZURITE_ACCOUNT}:{base64.b64encode(digest).decode()}",
+                "Content-Length": "0",
+            },
+        )
+        with urllib.request.urlopen(request) as answer:
+            assert answer.status == 201, answer.status
+
+
+def azurite(root: Path) -> Azurite:
+    binary = require("azurite-blob", "npm install -g azurite@3.37.0")
+    data = root / "azurite"
+    data.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    argv = [
+        binary,
+        "--silent",
+        "--location",
+        str(data),
+        "--blobHost",
+        "127.0.0.1",
+        "--blobPort",
+        str(port),
+        "--skipApiVersionCheck",
+        "--loose",
+    ]
+    server = Azurite(argv, port, data / "azurite.log")
+    return server.start()  # type: ignore[return-value]
+
+
 @contextlib.contextmanager
 def running(server: Server) -> Iterator[Server]:
     try:

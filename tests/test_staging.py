@@ -330,6 +330,42 @@ def test_gs_r2_and_https_sources(
         https.stop()
 
 
+def test_azure_weights_with_patterns_through_the_node_cache(
+    agent: Agent, azure_server: servers.Azurite
+) -> None:
+    """azure://account/container/path (the platform's form) with allow and ignore patterns and
+    the connection string as the spec's secret; a second job on the node takes it from the
+    node cache, pinned to the blobs' ETags (nothing fetched again)."""
+    from bt_agent.settings import Environ
+    from bt_agent.storage import open_store
+
+    container = f"w{uuid.uuid4().hex[:10]}"
+    azure_server.create_container(container)
+    url = f"azure://{servers.AZURITE_ACCOUNT}/{container}/model"
+    seeding = open_store(url, Environ({}), azure_server.connection_string, "seed")
+    files = {"model.safetensors": b"w" * 300_000, "config.json": b"{}", "README.md": b"no"}
+    for name, data in files.items():
+        seeding.write_bytes(name, data)
+    agent.secret("azure_creds", azure_server.connection_string)
+    weights = [
+        {
+            "source": url,
+            "mount_location": "/app/model",
+            "auth_secret_name": "azure_creds",
+            "allow_patterns": ["*.safetensors", "*.json"],
+            "ignore_patterns": ["README*"],
+        }
+    ]
+    mounted = agent.node_root / "app" / "model"
+    for _ in range(2):
+        result = agent.run_job(_job(weights, "true"))
+        assert result.code == 0, result.text
+        assert {p.name: p.read_bytes() for p in mounted.iterdir()} == {
+            k: v for k, v in files.items() if k != "README.md"
+        }
+    assert "2 in the node cache, 0 to fetch" in result.text, result.text
+
+
 def test_bad_credentials_are_deploy_failed(
     agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
 ) -> None:

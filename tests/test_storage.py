@@ -25,6 +25,7 @@ from bt_agent.errors import (
 )
 from bt_agent.settings import Environ
 from bt_agent.storage import ObjectStore, open_store
+from bt_agent.storage.azure import AzureStore
 from bt_agent.storage.engine import Tuning
 from bt_agent.storage.gcs import GCSStore
 from bt_agent.storage.hf import HFStore
@@ -39,9 +40,9 @@ SMALL_TUNING = Tuning(
     list_page_size=50,
 )
 # "s3-tls" is the same SeaweedFS over https, its certificate trusted through AWS_CA_BUNDLE.
-ALL = ["file", "s3", "s3-tls", "r2", "gs", "hf", "https"]
-TREES = ["file", "s3", "s3-tls", "r2", "gs", "hf"]  # https:// is one file per URL
-WRITABLE = ["file", "s3", "s3-tls", "r2", "gs"]
+ALL = ["file", "s3", "s3-tls", "r2", "gs", "azure", "hf", "https"]
+TREES = ["file", "s3", "s3-tls", "r2", "gs", "azure", "hf"]  # https:// is one file per URL
+WRITABLE = ["file", "s3", "s3-tls", "r2", "gs", "azure"]
 
 
 @dataclass
@@ -111,6 +112,23 @@ def _gs(server: servers.FakeGCS) -> Backend:
     )
 
 
+def _azure(server: servers.Azurite) -> Backend:
+    container = f"c{uuid.uuid4().hex[:12]}"
+    server.create_container(container)
+    url = f"azure://{servers.AZURITE_ACCOUNT}/{container}/data"
+
+    def make() -> ObjectStore:
+        store = open_store(url, Environ({}), server.connection_string, "azure_creds")
+        assert isinstance(store, AzureStore)
+        store.tuning = SMALL_TUNING
+        return store
+
+    writer = make()
+    return Backend(
+        "azure", make, lambda files: [writer.write_bytes(k, v) for k, v in files.items()] and None
+    )
+
+
 def _hf(server: servers.Olah) -> Backend:
     repo = f"org/model-{uuid.uuid4().hex[:8]}"
     environ = Environ({"HF_ENDPOINT": server.endpoint})
@@ -158,6 +176,8 @@ def backend(
         return _s3(request.getfixturevalue("s3_server"), r2=name == "r2", tls=name == "s3-tls")
     if name == "gs":
         return _gs(request.getfixturevalue("gcs_server"))
+    if name == "azure":
+        return _azure(request.getfixturevalue("azure_server"))
     if name == "hf":
         return _hf(request.getfixturevalue("hf_server"))
     return _https(request.getfixturevalue("https_server"), monkeypatch)

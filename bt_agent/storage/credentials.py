@@ -55,3 +55,46 @@ def s3_keys(secret: str, name: str) -> S3Keys:
 
 def gcs_service_account(secret: str, name: str) -> dict[str, Any]:
     return _json_object(secret, "give the service account's JSON key file as the secret", name)
+
+
+@dataclass(frozen=True)
+class AzureCredentials:
+    """What reaches an Azure storage account: its key or a SAS token, and the blob endpoint
+    where it is not ``https://<account>.blob.core.windows.net`` (a connection string's
+    ``BlobEndpoint``, as Azurite's)."""
+
+    account_key: str | None = field(default=None, repr=False)
+    sas_token: str | None = field(default=None, repr=False)
+    endpoint: str | None = None
+
+
+def azure_credentials(secret: str, name: str) -> AzureCredentials:
+    """A connection string, a SAS token or an account key, as the Azure portal gives them;
+    the error names the secret, never its content."""
+    text = secret.strip()
+    if "AccountKey=" in text or "SharedAccessSignature=" in text:
+        return azure_connection_string(text, f"secret {name!r}")
+    if "sig=" in text and "=" in text.lstrip("?"):
+        return AzureCredentials(sas_token=text.lstrip("?"))
+    if not text:
+        raise AccessDeniedError(
+            f"secret {name!r} is empty; give the storage account's key, a SAS token or a "
+            "connection string"
+        )
+    return AzureCredentials(account_key=text)
+
+
+def azure_connection_string(text: str, what: str) -> AzureCredentials:
+    fields: dict[str, str] = {}
+    for part in text.split(";"):
+        name, sep, value = part.strip().partition("=")
+        if sep:
+            fields[name] = value
+    key, sas = fields.get("AccountKey"), fields.get("SharedAccessSignature")
+    if not key and not sas:
+        raise AccessDeniedError(
+            f"{what} is a connection string with neither AccountKey nor SharedAccessSignature"
+        )
+    return AzureCredentials(
+        key or None, sas.lstrip("?") if sas else None, fields.get("BlobEndpoint")
+    )

@@ -7,7 +7,14 @@ from urllib.parse import unquote, urlparse
 from bt_agent.errors import UsageError
 from bt_agent.settings import Environ
 from bt_agent.storage.base import ObjectStore
-from bt_agent.storage.credentials import S3Keys, gcs_service_account, s3_keys
+from bt_agent.storage.credentials import (
+    AzureCredentials,
+    S3Keys,
+    azure_connection_string,
+    azure_credentials,
+    gcs_service_account,
+    s3_keys,
+)
 from bt_agent.storage.file import FileStore
 
 R2_ENDPOINT = "https://{account}.r2.cloudflarestorage.com"
@@ -21,8 +28,8 @@ def open_store(
     url: str, environ: Environ | None = None, secret: str | None = None, secret_name: str = ""
 ) -> ObjectStore:
     """The store or source behind ``url``: ``file://``, ``s3://``, ``r2://``, ``gs://``,
-    ``hf://`` (read-only), ``http(s)://`` (read-only). ``secret`` is the content of the secret
-    the spec names, in the format of REFERENCE.md §5."""
+    ``azure://``, ``hf://`` (read-only), ``http(s)://`` (read-only). ``secret`` is the content of
+    the secret the spec names, in the format of REFERENCE.md §5."""
     environ = environ or Environ.current()
     parsed = urlparse(url)
     scheme = parsed.scheme
@@ -43,6 +50,8 @@ def open_store(
         )
     if scheme == "r2":
         return _r2(url, environ, secret, secret_name)
+    if scheme == "azure":
+        return _azure(url, environ, secret, secret_name)
     if scheme == "gs":
         from bt_agent.storage.gcs import GCSStore
 
@@ -65,7 +74,7 @@ def open_store(
 
         return HTTPStore(url)
     raise UsageError(
-        f"unsupported URL {url!r}: use file://, s3://, r2://, gs://, hf:// or https://"
+        f"unsupported URL {url!r}: use file://, s3://, r2://, gs://, azure://, hf:// or https://"
     )
 
 
@@ -87,6 +96,38 @@ def _r2(url: str, environ: Environ, secret: str | None, secret_name: str) -> Obj
         region="auto",
         ca_bundle=environ.get(CA_BUNDLE_VARIABLE),
         proxy_url=_proxy(environ),
+    )
+
+
+def _azure(url: str, environ: Environ, secret: str | None, secret_name: str) -> ObjectStore:
+    from bt_agent.storage.azure import AzureStore
+
+    parsed = urlparse(url)
+    container, _, prefix = parsed.path.lstrip("/").partition("/")
+    if not parsed.netloc or not container:
+        raise UsageError(f"invalid Azure URL {url!r}: use azure://<account>/<container>/path")
+    if secret is not None:
+        credentials = azure_credentials(secret, secret_name)
+    else:
+        credentials = _azure_environment(environ)
+    return AzureStore(
+        parsed.netloc,
+        container,
+        prefix,
+        credentials=credentials,
+        ca_bundle=environ.get("SSL_CERT_FILE"),
+        proxy_url=_proxy(environ),
+    )
+
+
+def _azure_environment(environ: Environ) -> AzureCredentials:
+    """The standard variables of Azure's tools."""
+    connection = environ.get("AZURE_STORAGE_CONNECTION_STRING")
+    if connection:
+        return azure_connection_string(connection, "AZURE_STORAGE_CONNECTION_STRING")
+    return AzureCredentials(
+        environ.get("AZURE_STORAGE_ACCOUNT_KEY") or None,
+        (environ.get("AZURE_STORAGE_SAS_TOKEN") or "").lstrip("?") or None,
     )
 
 

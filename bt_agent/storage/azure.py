@@ -1,0 +1,58 @@
+"""``azure://<account>/<container>/prefix`` (Azure Blob Storage) on obstore
+(:mod:`bt_agent.storage.engine`).
+
+Credentials: the spec's secret (a connection string, a SAS token or the account key), else the
+standard variables (``AZURE_STORAGE_CONNECTION_STRING``, ``AZURE_STORAGE_ACCOUNT_KEY``,
+``AZURE_STORAGE_SAS_TOKEN``), else what the engine finds itself (a workload or managed
+identity). A connection string's ``BlobEndpoint`` (Azurite's, a private endpoint) is where
+requests go.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bt_agent.storage.credentials import AzureCredentials
+from bt_agent.storage.engine import ENGINE_RETRIES, EngineStore, Tuning
+
+
+class AzureStore(EngineStore):
+    ca_variable = "SSL_CERT_FILE"
+
+    def __init__(
+        self,
+        account: str,
+        container: str,
+        prefix: str = "",
+        *,
+        credentials: AzureCredentials | None = None,
+        tuning: Tuning | None = None,
+        ca_bundle: str | None = None,
+        proxy_url: str | None = None,
+    ) -> None:
+        prefix = prefix.strip("/")
+        endpoint = credentials.endpoint if credentials else None
+        url = f"azure://{account}/{container}" + (f"/{prefix}" if prefix else "")
+        super().__init__(prefix, url, endpoint, tuning)
+        self.account = account
+        self.container = container
+        self.credentials = credentials or AzureCredentials()
+        self.ca_bundle = ca_bundle
+        self.proxy_url = proxy_url
+
+    def _make_engine(self) -> Any:
+        from obstore.store import AzureStore as Engine
+
+        config: dict[str, Any] = {"account_name": self.account}
+        if self.credentials.account_key:
+            config["account_key"] = self.credentials.account_key
+        elif self.credentials.sas_token:
+            config["sas_key"] = self.credentials.sas_token
+        if self.endpoint_url:
+            config["endpoint"] = self.endpoint_url
+        return Engine(
+            self.container,
+            client_options=self._client_options(self.ca_bundle, self.proxy_url),
+            retry_config=ENGINE_RETRIES,
+            **config,
+        )
