@@ -173,14 +173,19 @@ class SeaweedFS(Server):
     def create_bucket(self, name: str) -> None:
         self.client().create_bucket(Bucket=name)
 
-    def client_env(self) -> dict[str, str]:
-        """What an S3 client (the agent's included) needs to reach this server."""
-        return {
+    def client_env(self, tls: bool = False) -> dict[str, str]:
+        """What an S3 client (the agent's included) needs to reach this server: over https
+        (``tls``), its CA trusted through AWS_CA_BUNDLE as users do."""
+        env = {
             "AWS_ACCESS_KEY_ID": ACCESS_KEY,
             "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
             "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ENDPOINT_URL": self.https_endpoint if tls else self.endpoint,
         }
+        if tls:
+            assert self.certificates is not None
+            env["AWS_CA_BUNDLE"] = str(self.certificates.ca)
+        return env
 
 
 def seaweedfs(root: Path) -> SeaweedFS:

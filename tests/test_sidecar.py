@@ -328,18 +328,20 @@ def s3_env(server: servers.SeaweedFS) -> dict[str, str]:
     return {**FAST, **server.client_env()}
 
 
+@pytest.mark.parametrize("transport", ["http", "https"])
 def test_many_small_files_to_s3_are_committed_exactly(
-    agent: Agent, s3_server: servers.SeaweedFS, monkeypatch: pytest.MonkeyPatch
+    agent: Agent, s3_server: servers.SeaweedFS, monkeypatch: pytest.MonkeyPatch, transport: str
 ) -> None:
     """Small files go through the store's upload stream (one thread, many connections), large
     ones through the worker threads: both end committed, every object as written. More small
-    files are ready at once than the sidecar keeps in flight (QUEUE_FILES)."""
+    files are ready at once than the sidecar keeps in flight (QUEUE_FILES). Over plain HTTP and
+    over TLS (the endpoint's CA trusted through AWS_CA_BUNDLE)."""
     bucket = f"ck{uuid.uuid4().hex[:10]}"
     s3_server.create_bucket(bucket)
     ledger = agent.root / "ledger.json"
     writer = f"{WRITER} {ledger} --style shards --steps 3 --files 600 --size 3000"
     big = "head -c 3000000 /dev/urandom > $BT_CHECKPOINT_DIR/checkpoint-3/big.bin"
-    env = s3_env(s3_server)
+    env = {**FAST, **s3_server.client_env(tls=transport == "https")}
     url = f"s3://{bucket}/bt"
     result = agent.run_job(
         ckpt_job(f"{writer} && {big}"), "--job-id", "small001", "--store", url, env=env
@@ -348,7 +350,7 @@ def test_many_small_files_to_s3_are_committed_exactly(
     written = json.loads(ledger.read_text())
     written["checkpoint-3"] = on_disk(agent.node_root / "mnt" / "ckpts")["checkpoint-3"]
     assert "big.bin" in written["checkpoint-3"]
-    for name, value in s3_server.client_env().items():  # for the test's own client
+    for name, value in s3_server.client_env(tls=transport == "https").items():  # the test's own
         monkeypatch.setenv(name, value)
     assert_store_holds(open_store(url, Environ(env)), written, "small001")
 

@@ -417,8 +417,9 @@ def test_a_key_that_would_escape_the_mount_fails_the_plan(key: str, tmp_path: Pa
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("transport", ["http", "https"])
 def test_staging_from_s3_with_keys_in_the_environment_imports_no_botocore(
-    agent: Agent, s3_server: servers.SeaweedFS
+    agent: Agent, s3_server: servers.SeaweedFS, transport: str
 ) -> None:
     """Start-up time: with the keys and the region in the standard variables, the engine is
     built from them, and botocore (0.2 s to import and build a client) is never loaded while
@@ -434,7 +435,7 @@ def test_staging_from_s3_with_keys_in_the_environment_imports_no_botocore(
         "except SystemExit as exc:\n    code = exc.code\n"
         f"open({str(seen)!r}, 'w').write(json.dumps([code, sorted(sys.modules)]))\n"
     )
-    env = {**s3_server.client_env(), **agent.full_env()}
+    env = {**agent.full_env(), **s3_server.client_env(tls=transport == "https")}
     done = subprocess.run(
         [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
     )
