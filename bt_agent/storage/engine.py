@@ -181,16 +181,29 @@ class EngineStore(ObjectStore):
         if _CORRUPT.search(text):
             return IntegrityError(f"{uri}: the service rejected the checksum ({detail})", uri)
         if _CERTIFICATE.search(text):
-            return StoreError(
-                f"{uri}: the TLS certificate of {where} is not trusted ({_tls_reason(text)}); "
-                f"set {self.ca_variable} to the PEM file of the CA that signed it",
-                uri,
-            )
+            return StoreError(f"{uri}: {self._untrusted(where, _tls_reason(text))}", uri)
         if code.startswith("5") or code == "429" or _RETRYABLE.search(text):
             return TransientStoreError(f"{uri}: {code or 'retryable'}: {detail}", uri)
         if not code:  # no answer at all: connection refused, reset, timed out
             return TransientStoreError(f"{uri}: cannot reach {where} ({detail})", uri)
         return StoreError(f"{uri}: {detail}", uri)
+
+    def _untrusted(self, where: str, reason: str) -> str:
+        """Why the certificate of ``where`` was refused, and what to do about it."""
+        if reason.startswith(("Expired", "NotValidYet")):
+            return (
+                f"the TLS certificate of {where} is not valid now ({reason}); the endpoint "
+                "must renew it (or this machine's clock is wrong)"
+            )
+        if reason.startswith("NotValidForName"):
+            return (
+                f"the TLS certificate of {where} is for another host name ({reason}); use the "
+                "name the certificate was issued for in the endpoint URL"
+            )
+        return (
+            f"the TLS certificate of {where} is not trusted ({reason}); "
+            f"set {self.ca_variable} to the PEM file of the CA that signed it"
+        )
 
     def _engine_call(self, key: str, call: Callable[[Any], Any]) -> Any:
         try:
