@@ -229,8 +229,10 @@ def main() -> int:
         finally:
             server.stop()
         rows += _file_rows(shapes, work)
-    columns = ["transport", "shape", "direction", "client", "wall_s", "MB_per_s", "cpu_s_per_GiB"]
-    columns.append("runs_wall_s")
+    columns = [
+        *("transport", "shape", "direction", "client"),
+        *("wall_s", "MB_per_s", "cpu_s_per_GiB", "runs_wall_s"),
+    ]
     print(table(rows, columns))
     verdicts = _verdicts(rows)
     print("\n" + "\n".join(verdicts))
