@@ -119,10 +119,10 @@ def _s3_rows(
     for shape, source in shapes.items():
         size = sum(p.stat().st_size for p in source.iterdir())
         samples: dict[tuple[str, str], list[tuple[float, float]]] = {}
-        for _ in range(repeat):  # the clients interleaved, each round in turn
+        for attempt in range(repeat):  # the clients interleaved, each round in turn
             for client, command in _clients(endpoint).items():
-                # Each round writes the same keys again (overwritten, not piled up).
-                url = f"s3://{bucket}/{shape.split()[0]}-{client.split()[0]}"
+                # A fresh prefix each round: rclone skips files already there.
+                url = f"s3://{bucket}/{shape.split()[0]}-{client.split()[0]}-{attempt}"
                 target = work / "download"
                 for direction, local in (("upload", source), ("download", target)):
                     sample = _timed(command(direction, local, url), env)

@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 import servers
 from conftest import Agent, finish, wait_for
 from sidecar_checks import FAST, WRITER, assert_store_holds, ckpt_job, manifests
@@ -150,8 +151,13 @@ def test_store_down_when_the_job_starts_and_when_it_ends(
     assert "the store is reachable again" in agent.output()
 
 
-def test_store_outage_of_20_seconds_loses_nothing(agent: Agent, own_s3: servers.SeaweedFS) -> None:
-    env = {**FAST, **own_s3.client_env()}
+@pytest.mark.parametrize("transport", ["http", "https"])
+def test_store_outage_of_20_seconds_loses_nothing(
+    agent: Agent, own_s3: servers.SeaweedFS, transport: str
+) -> None:
+    """The store down for 20 s while checkpoints are written: every upload is retried until it
+    is back, over plain HTTP and over TLS alike."""
+    env = {**FAST, **own_s3.client_env(tls=transport == "https")}
     ledger = agent.root / "ledger.json"
     flag = agent.root / "go"
     command = (
