@@ -269,16 +269,24 @@ class EngineStore(ObjectStore):
         if info.size > self.tuning.multipart_threshold:
             return self._download_ranges(key, target, info)
         digest = hashlib.sha256()
-        try:
-            with open(target, "wb") as handle:
-                for chunk in result.stream(min_chunk_size=CHUNK):
-                    digest.update(chunk)
-                    handle.write(chunk)
-        except OSError:
-            raise
-        except Exception as exc:
-            raise self._error(exc, key) from None
+        with open(target, "wb") as handle:
+            for chunk in self._chunks(key, result):
+                digest.update(chunk)
+                handle.write(chunk)
         return Fetched(info.sha256, digest.hexdigest())
+
+    def _chunks(self, key: str, result: Any) -> Iterator[Any]:
+        """The body of a GET in pieces of about a MiB, the engine's errors typed (the
+        caller's own, writing them, pass as they are)."""
+        stream = iter(result.stream(min_chunk_size=CHUNK))
+        while True:
+            try:
+                chunk = next(stream)
+            except StopIteration:
+                return
+            except Exception as exc:
+                raise self._error(exc, key) from None
+            yield chunk
 
     def _download_ranges(self, key: str, target: Path, info: ObjectInfo) -> Fetched:
         part = self.tuning.part_size_for(info.size)
@@ -314,16 +322,11 @@ class EngineStore(ObjectStore):
             ),
         )
         offset = start
-        try:
-            for chunk in result.stream(min_chunk_size=CHUNK):
-                view = memoryview(chunk)
-                while view:
-                    written = os.pwrite(fd, view, offset)
-                    view, offset = view[written:], offset + written
-        except OSError:
-            raise
-        except Exception as exc:
-            raise self._error(exc, key) from None
+        for chunk in self._chunks(key, result):
+            view = memoryview(chunk)
+            while view:
+                written = os.pwrite(fd, view, offset)
+                view, offset = view[written:], offset + written
         if offset - start != length:
             raise TransientStoreError(f"{self.uri(key)}: short read at {start}", self.uri(key))
 
