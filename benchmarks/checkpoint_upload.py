@@ -2,7 +2,7 @@
 time with and without the sidecar uploading, in one run.
 
     python benchmarks/checkpoint_upload.py [--big-mib 2048] [--small-count 5000] [--seconds 8]
-        [--repeat 5] [--upload-runs 3] [--skip-uploads] [--no-pin]
+        [--repeat 5] [--upload-runs 3] [--skip-uploads] [--no-pin] [--tls]
         [--device cuda [--width 8192] [--batch 1024]]
 
 Uploads: a checkpoint (8 files of big-mib/8; then small-count files of 16 KiB) is written into
@@ -26,6 +26,10 @@ the scheduler ran them on the loop's instead). The agent is not pinned: its uplo
 run anywhere, at the lowest priority. Each step-time row shows the median and the mean step
 (the mean counts the steps in which the loop lost its CPU) and the share of the steps' time the
 loop's thread was on a CPU.
+
+``--tls`` sends every upload, the agent's and s5cmd's, to SeaweedFS's TLS port (its certificate
+signed by a CA of the run's own, trusted through ``AWS_CA_BUNDLE``) and writes
+``checkpoint_upload_tls.json``.
 
 ``--device cuda`` trains the MLP on the GPU instead (wider and on a larger batch, TF32, a
 synchronize per step; target there: <= 2% slower) and writes ``checkpoint_upload_cuda.json``.
@@ -96,19 +100,14 @@ def _peak_rss_mib(pid: int) -> float:
 
 
 class Bench:
-    def __init__(self, work: Path, server: servers.SeaweedFS) -> None:
+    def __init__(self, work: Path, server: servers.SeaweedFS, tls: bool = False) -> None:
         self.work = work
         self.server = server
+        self.endpoint = server.https_endpoint if tls else server.endpoint
         self.training_cpu: int | None = None  # where the training loop runs, when pinned
         self.loop_args: list[str] = []  # the training loop's device, width and batch
         self.loop_device = "cpu"  # as the training loop reported it
-        self.env = {
-            **os.environ,
-            "AWS_ACCESS_KEY_ID": servers.ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": servers.SECRET_KEY,
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": server.endpoint,
-        }
+        self.env = {**os.environ, **server.client_env(tls=tls)}
         os.environ.update({k: self.env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")})
         from bt_agent.settings import Environ
         from bt_agent.storage import open_store
@@ -116,8 +115,7 @@ class Bench:
         self.store = open_store("s3://bench", Environ(self.env))
 
     def s5cmd_command(self, source: Path, prefix: str) -> list[str]:
-        endpoint = self.server.endpoint
-        return ["s5cmd", "--endpoint-url", endpoint, "cp", f"{source}/*", f"s3://bench/{prefix}/"]
+        return ["s5cmd", "--endpoint-url", self.endpoint, "cp", f"{source}/*", f"s3://bench/{prefix}/"]
 
     def s5cmd(self, source: Path, prefix: str) -> float:
         start = time.perf_counter()
@@ -370,6 +368,7 @@ def main() -> int:
     parser.add_argument(
         "--no-pin", action="store_true", help="pin neither the store nor the training loop"
     )
+    parser.add_argument("--tls", action="store_true", help="upload over https")
     parser.add_argument("--device", default="cpu", help="where the training loop runs: cpu, cuda")
     parser.add_argument("--width", type=int, help="the MLP's width (default 1024; 8192 on cuda)")
     parser.add_argument("--batch", type=int, help="rows per step (default 64; 1024 on cuda)")
@@ -390,7 +389,7 @@ def main() -> int:
             assert server.process is not None
             # The store stands in for a remote service: its CPU is not the node's, so it yields.
             _renice_all_threads(server.process.pid, 19)
-            bench = Bench(work, server)
+            bench = Bench(work, server, tls=args.tls)
             bench.loop_args = loop_args
             shapes = (
                 {}
@@ -428,11 +427,13 @@ def main() -> int:
         " <= +2% (GPU loop); agent_rss_MiB <= 150"
     )
     payload = {
+        "transport": "https" if args.tls else "http",
         "uploads": uploads,
         "step_time": steps,
         "training_loop": {"device": bench.loop_device, "args": loop_args},
     }
-    path = write_json("checkpoint_upload" + ("_" + args.device if gpu else ""), payload)
+    suffix = ("_" + args.device if gpu else "") + ("_tls" if args.tls else "")
+    path = write_json("checkpoint_upload" + suffix, payload)
     print(f"wrote {path}")
     return 0
 
