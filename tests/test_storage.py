@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -204,6 +205,31 @@ def test_round_trip(backend: Backend, tmp_path: Path, size: int) -> None:
     store.download(key, target, info)
     assert target.read_bytes() == data
     assert [p.name for p in target.parent.iterdir()] == ["model.bin"], "nothing partial left"
+
+
+@pytest.mark.parametrize("backend", ALL, indirect=True)
+def test_no_thread_of_a_store_holds_the_exit(backend: Backend, tmp_path: Path) -> None:
+    """``bt-agent run`` ends with a plain exit, which waits for every thread that is not a
+    daemon: none a store starts (for ranged downloads, say) may be one, whether the store is
+    still open or closed; and a closed store still works (it opens again at its next use)."""
+    started_before = set(threading.enumerate())
+
+    def holding() -> list[str]:
+        return [
+            thread.name
+            for thread in threading.enumerate()
+            if thread not in started_before and thread.is_alive() and not thread.daemon
+        ]
+
+    data = payload(12 * MiB + 7)
+    store, key = _one(backend, data)
+    with store:
+        store.download(key, tmp_path / "a.bin", store.stat(key))
+        assert holding() == []
+    store.download(key, tmp_path / "b.bin", store.stat(key))
+    assert (tmp_path / "b.bin").read_bytes() == data
+    store.close()
+    assert holding() == []
 
 
 @pytest.mark.parametrize("backend", WRITABLE, indirect=True)

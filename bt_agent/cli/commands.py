@@ -66,8 +66,8 @@ def _code_dir(args: argparse.Namespace, spec_dir: Path | None, context: NodeCont
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     plan = _plan(args, Environ.current())
-    catalog = Catalog(open_store(plan.context.store_url))
-    return JobRunner(plan, catalog, out, err).run()
+    with open_store(plan.context.store_url) as store:
+        return JobRunner(plan, Catalog(store), out, err).run()
 
 
 def validate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

@@ -7,8 +7,6 @@ feature of a PID 1). Every error becomes one message and the exit code its type 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -243,19 +241,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = exc.exit_code
     except KeyboardInterrupt:
         code = 130
-    if args.command == "run":
-        _exit_now(code)
     sys.exit(code)
-
-
-def _exit_now(code: int) -> None:
-    """End a job's agent at once: its records and log are written, and an upload thread stuck
-    on an unreachable store must not hold a PID 1 past the platform's deadline (the
-    interpreter's exit would wait for every non-daemon thread)."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
 
 
 def dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

@@ -170,11 +170,19 @@ class WeightsStager:
         self.outage = OutageWait(outage_seconds, stopping, self._unreachable)
 
     def stage(self, sources: list[WeightsSource]) -> list[SourcePlan]:
-        plans = [self._plan(i, w) for i, w in enumerate(sources)]
-        misses = [self._say_plan(plan) for plan in plans]
-        for plan, missing in zip(plans, misses, strict=True):
-            self._fetch(plan, missing)
-            self._mount(plan)
+        """Plan every source (a mistake in the last is found before the first downloads),
+        then fetch and mount each; the sources' stores are closed when done."""
+        plans: list[SourcePlan] = []
+        try:
+            for index, weights in enumerate(sources):
+                plans.append(self._plan(index, weights))
+            misses = [self._say_plan(plan) for plan in plans]
+            for plan, missing in zip(plans, misses, strict=True):
+                self._fetch(plan, missing)
+                self._mount(plan)
+        finally:
+            for plan in plans:
+                plan.store.close()
         return plans
 
     def _fail(

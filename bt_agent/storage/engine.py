@@ -13,14 +13,16 @@ never an outage to wait out).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
+import queue
 import re
 import threading
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -102,7 +104,7 @@ class EngineStore(ObjectStore):
         self.tuning = tuning or Tuning()
         self._engine: Any = None
         self._lock = threading.Lock()
-        self._parts: ThreadPoolExecutor | None = None
+        self._parts: _DaemonPool | None = None
 
     @abstractmethod
     def _make_engine(self) -> Any:
@@ -140,13 +142,13 @@ class EngineStore(ObjectStore):
         with self._lock:
             self._engine = None
             if self._parts is not None:
-                self._parts.shutdown(wait=False, cancel_futures=True)
+                self._parts.shutdown()
                 self._parts = None
 
-    def _pool(self) -> ThreadPoolExecutor:
+    def _pool(self) -> _DaemonPool:
         with self._lock:
             if self._parts is None:
-                self._parts = ThreadPoolExecutor(self.tuning.concurrency, "bt-engine")
+                self._parts = _DaemonPool(self.tuning.concurrency, "bt-engine")
             return self._parts
 
     def _key(self, key: str) -> str:
@@ -295,7 +297,11 @@ class EngineStore(ObjectStore):
         try:
             os.ftruncate(fd, info.size)
             futures = [
-                self._pool().submit(self._fetch_range, key, fd, start, min(part, info.size - start))
+                self._pool().submit(
+                    functools.partial(
+                        self._fetch_range, key, fd, start, min(part, info.size - start)
+                    )
+                )
                 for start in range(0, info.size, part)
             ]
             try:
@@ -509,6 +515,39 @@ class EngineStore(ObjectStore):
                 task.add_done_callback(tasks.discard)
         if tasks:
             await asyncio.gather(*tasks)
+
+
+class _DaemonPool:
+    """Threads for the ranges of downloads. Daemons, unlike an executor's (which the interpreter
+    joins at exit): one waiting on an unreachable store must not keep a stopped agent alive."""
+
+    def __init__(self, size: int, name: str) -> None:
+        self._size = size
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        for index in range(size):
+            threading.Thread(target=self._work, name=f"{name}-{index}", daemon=True).start()
+
+    def submit(self, call: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
+        self._jobs.put((future, call))
+        return future
+
+    def shutdown(self) -> None:
+        """The threads end once the work already submitted is done (or cancelled)."""
+        for _ in range(self._size):
+            self._jobs.put(None)
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, call = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(call())
+            except BaseException as exc:  # the caller's to raise, from future.result()
+                future.set_exception(exc)
 
 
 async def _in_daemon_thread(loop: asyncio.AbstractEventLoop, call: Callable[[], T]) -> T:

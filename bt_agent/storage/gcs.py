@@ -51,6 +51,12 @@ class GCSStore(ObjectStore):
                 self._bucket = self._make_client().bucket(self.bucket_name)
             return self._bucket
 
+    def close(self) -> None:
+        with self._lock:
+            if self._bucket is not None:
+                self._bucket.client.close()
+                self._bucket = None
+
     def _make_client(self) -> Any:
         from google.cloud import storage
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import servers
 from conftest import BIN, Agent, marked_processes, wait_for
 
 from bt_agent.catalog import Catalog, checkpoint_prefix
@@ -99,16 +100,30 @@ def _kill_everything(agent: Agent) -> None:
     wait_for(lambda: not marked_processes(agent.mark), 10, "the job's processes to die")
 
 
-def test_sigkill_at_random_points_then_restart_loses_nothing(agent: Agent) -> None:
-    rng = random.Random(SEED)
-    store = open_store(agent.store.as_uri(), Environ({}))
+@pytest.mark.parametrize("transport", ["file", "https"])
+def test_sigkill_at_random_points_then_restart_loses_nothing(
+    agent: Agent, transport: str, request: pytest.FixtureRequest
+) -> None:
+    """On the embedded file store, and on S3 over TLS (SeaweedFS's https port, its CA trusted
+    through AWS_CA_BUNDLE; half the points there, each point's requests are many more)."""
+    env, points, url = dict(ENV), POINTS, agent.store.as_uri()
+    if transport == "https":
+        server: servers.SeaweedFS = request.getfixturevalue("s3_server")
+        bucket = f"kill{SEED}{os.getpid()}"
+        server.create_bucket(bucket)
+        env.update(server.client_env(tls=True))
+        points, url = max(POINTS // 2, 1), f"s3://{bucket}/bt"
+    store = open_store(url, Environ(env))
     catalog = Catalog(store)
     outcomes: list[str] = []
-    for point in range(POINTS):
+    rng = random.Random(SEED)
+    for point in range(points):
         job_id = f"kil{point:04d}"
         node = agent.root / f"node{point}"
         delay = rng.uniform(0.2, 1.8)  # the writer is done after about 1.5 s
-        process = agent.start(_job(WRITER), "--job-id", job_id, "--node-root", str(node), env=ENV)
+        process = agent.start(
+            _job(WRITER), "--job-id", job_id, "--node-root", str(node), "--store", url, env=env
+        )
         time.sleep(delay)
         process.send_signal(signal.SIGKILL)
         process.wait(10)
@@ -123,7 +138,9 @@ def test_sigkill_at_random_points_then_restart_loses_nothing(agent: Agent) -> No
             job_id,
             "--node-root",
             str(node),
-            env={**ENV, "BT_RETRY_COUNT": "1"},
+            "--store",
+            url,
+            env={**env, "BT_RETRY_COUNT": "1"},
             timeout=60,
         )
         where = f"kill point {point} at {delay:.2f} s"
@@ -141,7 +158,7 @@ def test_sigkill_at_random_points_then_restart_loses_nothing(agent: Agent) -> No
             f"{where}: {uploaded_again} uploaded again, {before} were durable already"
         )
         outcomes.append(f"{delay:.2f}s:{len(on_disk)}ckpt/{before}pre/{uploaded_again}re")
-    print(f"{POINTS} kill points (seed {SEED}): " + " ".join(outcomes))
+    print(f"{points} kill points on {transport} (seed {SEED}): " + " ".join(outcomes))
 
 
 # --- the trainer killed (SIGKILL, as by the OOM killer) at random points of its saves -------
