@@ -115,6 +115,32 @@ def test_job_reads_hf_and_s3_mounts(
     assert mounted.stat().st_nlink >= 2, "mounted by hard link from the cache"
 
 
+@pytest.mark.parametrize("source", ["hf", "s3"])
+def test_empty_files_are_staged(
+    agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah, source: str
+) -> None:
+    """An empty file (a package's ``__init__.py``, an empty ``added_tokens.json``) is staged
+    like any other, from a store with a batch path for small files (s3) and one without (hf)."""
+    files = {"__init__.py": b"", "config.json": b"{}\n"}
+    if source == "hf":
+        repo = f"org/empty-{uuid.uuid4().hex[:6]}"
+        servers.hf_repo(hf_server.mirrors, repo, files)
+        weights: dict[str, object] = {"source": f"hf://{repo}@main", "mount_location": "/m"}
+    else:
+        weights = {
+            "source": _seed_s3(s3_server, files),
+            "mount_location": "/m",
+            "auth_secret_name": "s3_creds",
+        }
+    mount = agent.node_root / "m"
+    result = agent.run_job(
+        _job([weights], f"wc -c < {mount}/__init__.py && cat {mount}/config.json"),
+        env=_env(agent, s3_server, hf_server),
+    )
+    assert result.code == 0, result.text
+    assert result.out.split() == ["0", "{}"]
+
+
 def test_missing_source_is_deploy_failed(
     agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
 ) -> None:

@@ -8,7 +8,10 @@ ranged static file server with a self-signed certificate).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Callable
@@ -31,6 +34,7 @@ from bt_agent.storage.engine import Tuning
 from bt_agent.storage.gcs import GCSStore
 from bt_agent.storage.hf import HFStore
 from bt_agent.storage.s3 import S3Store
+from bt_agent.storage.transfer import download_tree, upload_tree
 
 MiB = 1024 * 1024
 SMALL_TUNING = Tuning(
@@ -245,6 +249,34 @@ def test_upload_returns_the_sha256(backend: Backend, tmp_path: Path, size: int) 
 
 
 @pytest.mark.parametrize("backend", WRITABLE, indirect=True)
+def test_trees_both_ways(backend: Backend, tmp_path: Path) -> None:
+    """upload_tree and download_tree: small files through the batch paths where the store has
+    them, a large one in parts, an empty one, nested directories; the layout kept."""
+    tree = {
+        "a.json": b"{}",
+        "empty": b"",
+        "sub/deeper/b.bin": payload(300_000, seed=1),
+        "large.bin": payload(6 * MiB + 3, seed=2),
+        **{f"many/{i:03d}.txt": payload(100 + i, seed=i) for i in range(40)},
+    }
+    source = tmp_path / "source"
+    for name, data in tree.items():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_bytes(data)
+    store = backend.make()
+    uploaded = upload_tree(store, source, "tree")
+    assert {u.key: u.sha256 for u in uploaded} == {
+        f"tree/{name}": hashlib.sha256(data).hexdigest() for name, data in tree.items()
+    }
+    target = tmp_path / "target"
+    placed = download_tree(backend.make(), "tree", target)
+    assert sorted(p.relative_to(target).as_posix() for p in placed) == sorted(tree)
+    for name, data in tree.items():
+        assert (target / name).read_bytes() == data, name
+    assert not [p for p in target.rglob("*") if p.name.endswith(".incomplete")]
+
+
+@pytest.mark.parametrize("backend", WRITABLE, indirect=True)
 def test_copy_inside_the_store(backend: Backend, tmp_path: Path) -> None:
     data = payload(3000, seed=2)
     source = tmp_path / "source.bin"
@@ -387,6 +419,49 @@ def test_s3_ranges_land_at_their_offsets(s3_server: servers.SeaweedFS, tmp_path:
     target = tmp_path / "model.bin"
     store.download(key, target, store.stat(key))
     assert target.read_bytes() == data
+
+
+MEMORY_CHECK = """
+import sys, threading
+from pathlib import Path
+from bt_agent.settings import Environ
+from bt_agent.sidecar.memory import return_large_buffers
+from bt_agent.storage import open_store
+return_large_buffers()  # as the checkpoint sidecar does
+store = open_store(sys.argv[1], Environ({"AWS_ENDPOINT_URL": sys.argv[2]}), sys.argv[3], "creds")
+files = sorted(Path(sys.argv[4]).iterdir())
+threads = [threading.Thread(target=store.upload_file, args=(f, f.name)) for f in files]
+[t.start() for t in threads]
+[t.join() for t in threads]
+assert len(store.list()) == len(files)
+status = Path("/proc/self/status").read_text()
+print(next(int(l.split()[1]) for l in status.splitlines() if l.startswith("VmHWM:")) // 1024)
+"""
+
+
+def test_s3_uploads_at_once_hold_bounded_memory(
+    s3_server: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    """The checkpoint sidecar uploads many large files at once: the parts the engine holds in
+    memory are bounded per store, not per file (sixteen 40 MiB files at once, each a multipart
+    upload of 8 MiB parts eight at a time, held several hundred MiB). The allocator settings
+    are the sidecar's."""
+    bucket = f"b{uuid.uuid4().hex[:12]}"
+    s3_server.create_bucket(bucket)
+    source = tmp_path / "files"
+    source.mkdir()
+    for index in range(16):
+        (source / f"shard-{index}.bin").write_bytes(payload(40 * MiB, seed=index))
+    keys = json.dumps(
+        {"aws_access_key_id": servers.ACCESS_KEY, "aws_secret_access_key": servers.SECRET_KEY}
+    )
+    args = [f"s3://{bucket}/m", s3_server.endpoint, keys, str(source)]
+    done = subprocess.run(
+        [sys.executable, "-c", MEMORY_CHECK, *args], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    peak_mib = int(done.stdout)
+    assert peak_mib < 150, f"peak RSS {peak_mib} MiB while uploading 16 files at once"
 
 
 def put_lying_object(server: servers.SeaweedFS, store: S3Store, key: str) -> None:

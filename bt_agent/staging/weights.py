@@ -274,11 +274,10 @@ class WeightsStager:
         """Fetch the small misses in one batch, where the store has a batch path (many small
         files cost a thread each more than their transfer); the files left to fetch one by
         one: large ones, ones another agent is fetching, and any the batch could not place."""
-        limit = plan.store.batch_max_size()
-        small = [f for f in misses if f.info.size <= limit]
+        small = [f for f in misses if plan.store.in_batches(f.info.size)]
         if not small:
             return misses
-        left = [f for f in misses if f.info.size > limit]
+        left = [f for f in misses if not plan.store.in_batches(f.info.size)]
         held: dict[Path, tuple[PlannedFile, Claim]] = {}
         todo = iter(small)
 

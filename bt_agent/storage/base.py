@@ -162,6 +162,12 @@ class ObjectStore(ABC):
         has no batch path."""
         return 0
 
+    def in_batches(self, size: int) -> bool:
+        """Whether an object or file of ``size`` bytes goes through this store's batch paths
+        (:meth:`download_batch`, :meth:`upload_stream`): never where it has none."""
+        limit = self.batch_max_size()
+        return limit > 0 and size <= limit
+
     def download_batch(self, wanted: Iterator[Wanted], finished: Finished) -> None:
         """Fetch many small objects as :meth:`download` would, without its retries: the caller
         takes whatever is not in place through :meth:`download`. Each object taken from

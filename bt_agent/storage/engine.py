@@ -72,13 +72,17 @@ _RETRYABLE = re.compile(r"SlowDown|RequestTimeout|InternalError|ServiceUnavailab
 class Tuning:
     """Transfer settings. Part sizes grow for very large files to stay under 10,000 parts.
 
-    Uploads hold ``concurrency x upload_part_size`` bytes of file content at most per upload
-    (the checkpoint sidecar runs beside training); ranged downloads hold one part per thread."""
+    Multipart uploads hold file content in memory, a part per request in flight and one being
+    read: at most ``multipart_uploads`` of them run at once per store, whatever the number of
+    callers (the checkpoint sidecar uploads many files at a time, beside training), so they
+    hold at most ``multipart_uploads x (concurrency + 1) x upload_part_size`` bytes. Ranged
+    downloads are written as they arrive and hold next to nothing."""
 
     multipart_threshold: int = 16 * MiB  # downloads above this: parallel ranged GETs
     part_size: int = 16 * MiB  # the range of each
     upload_part_size: int = 8 * MiB  # uploads above this: multipart, in parts of this size
     concurrency: int = 8  # parts in flight per transfer
+    multipart_uploads: int = 2  # multipart uploads at once per store (others wait their turn)
     list_page_size: int = 1000
     batch_max_size: int = MiB  # objects up to this size may be fetched in batches
     batch_in_flight: int = 32  # requests at once in a batch or an upload stream
@@ -105,6 +109,7 @@ class EngineStore(ObjectStore):
         self._engine: Any = None
         self._lock = threading.Lock()
         self._parts: _DaemonPool | None = None
+        self._multipart = threading.BoundedSemaphore(self.tuning.multipart_uploads)
 
     @abstractmethod
     def _make_engine(self) -> Any:
@@ -357,16 +362,17 @@ class EngineStore(ObjectStore):
                     whole.update(chunk)
                     yield chunk
 
-        self._engine_call(
-            key,
-            lambda engine: obstore.put(
-                engine,
-                self._key(key),
-                parts(),
-                chunk_size=part,
-                max_concurrency=self.tuning.concurrency,
-            ),
-        )
+        with self._multipart:
+            self._engine_call(
+                key,
+                lambda engine: obstore.put(
+                    engine,
+                    self._key(key),
+                    parts(),
+                    chunk_size=part,
+                    max_concurrency=self.tuning.concurrency,
+                ),
+            )
         return whole.hexdigest()
 
     def _put_object(self, key: str, data: bytes, sha256: str, if_absent: bool = False) -> bool:

@@ -1,7 +1,10 @@
-"""Whole trees between a local directory and a store, with a fixed pool of workers.
+"""Whole trees between a local directory and a store, the way the agent moves its own files:
+small files through the store's batch paths where it has them (as staging and the checkpoint
+sidecar do), the others with a fixed pool of workers, one file each.
 
-Large files are split into parts by the backend, which bounds its parts in flight; here each
-worker moves one file at a time, so memory stays bounded whatever the tree's size.
+Large files are split into parts by the backend, which bounds its parts in flight; so memory
+stays bounded whatever the tree's size. A small file the batch could not move is moved again
+one by one, with the retries of :meth:`ObjectStore.download` and :meth:`ObjectStore.upload_file`.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bt_agent.storage.base import ObjectInfo, ObjectStore, UploadResult
+from bt_agent.storage.base import ObjectInfo, ObjectStore, Upload, UploadResult, Wanted
 from bt_agent.storage.keys import join_key, local_path, relative_key
 
 DEFAULT_WORKERS = 16
@@ -30,13 +33,26 @@ def local_files(directory: Path) -> list[Path]:
 def upload_tree(
     store: ObjectStore, directory: Path, prefix: str = "", workers: int = DEFAULT_WORKERS
 ) -> list[UploadResult]:
-    files = local_files(directory)
+    files = {
+        join_key(prefix, path.relative_to(directory).as_posix()): path
+        for path in local_files(directory)
+    }
+    sizes = {key: path.stat().st_size for key, path in files.items()}
+    done: dict[str, UploadResult] = {}
+    small = [Upload(files[key], key) for key in files if store.in_batches(sizes[key])]
+    if small:
+        handed = iter([small])
 
-    def one(path: Path) -> UploadResult:
-        return store.upload_file(path, join_key(prefix, path.relative_to(directory).as_posix()))
+        def stored(upload: Upload, outcome: str | Exception) -> None:
+            if isinstance(outcome, str):
+                done[upload.key] = UploadResult(upload.key, sizes[upload.key], outcome)
 
+        store.upload_stream(lambda: next(handed, None), stored)
+    rest = [key for key in files if key not in done]
     with ThreadPoolExecutor(workers, thread_name_prefix="bt-upload") as pool:
-        return list(pool.map(one, files))
+        for result in pool.map(lambda key: store.upload_file(files[key], key), rest):
+            done[result.key] = result
+    return [done[key] for key in files]
 
 
 def download_tree(
@@ -48,10 +64,22 @@ def download_tree(
 ) -> list[Path]:
     """Every object under ``prefix`` into ``directory``, keeping the relative layout."""
     listed = store.list(prefix) if objects is None else objects
+    targets = {
+        info.key: local_path(directory, relative_key(prefix, info.key) if prefix else info.key)
+        for info in listed
+    }
+    for parent in {target.parent for target in targets.values()}:
+        parent.mkdir(parents=True, exist_ok=True)
+    placed: set[str] = set()
+    small = [Wanted(targets[info.key], info) for info in listed if store.in_batches(info.size)]
+    if small:
 
-    def one(info: ObjectInfo) -> Path:
-        target = local_path(directory, relative_key(prefix, info.key) if prefix else info.key)
-        return store.download(info.key, target, info)
+        def finished(wanted: Wanted, error: Exception | None) -> None:
+            if error is None:
+                placed.add(wanted.expected.key)
 
+        store.download_batch(iter(small), finished)
+    rest = [info for info in listed if info.key not in placed]
     with ThreadPoolExecutor(workers, thread_name_prefix="bt-download") as pool:
-        return list(pool.map(one, listed))
+        list(pool.map(lambda info: store.download(info.key, targets[info.key], info), rest))
+    return [targets[info.key] for info in listed]
