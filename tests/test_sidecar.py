@@ -340,7 +340,12 @@ def test_many_small_files_to_s3_are_committed_exactly(
     s3_server.create_bucket(bucket)
     ledger = agent.root / "ledger.json"
     writer = f"{WRITER} {ledger} --style shards --steps 3 --files 600 --size 3000"
-    big = "head -c 3000000 /dev/urandom > $BT_CHECKPOINT_DIR/checkpoint-3/big.bin"
+    # Renamed into place: a file that `head` closes as it exits, its shell reaping it at once,
+    # cannot be told from one cut short by a kill, and its checkpoint would be held back.
+    big = (
+        "head -c 3000000 /dev/urandom > $BT_CHECKPOINT_DIR/checkpoint-3/.big && "
+        "mv $BT_CHECKPOINT_DIR/checkpoint-3/.big $BT_CHECKPOINT_DIR/checkpoint-3/big.bin"
+    )
     env = {**FAST, **s3_server.client_env(tls=transport == "https")}
     url = f"s3://{bucket}/bt"
     result = agent.run_job(

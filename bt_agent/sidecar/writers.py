@@ -4,9 +4,10 @@ A quiet period is a guess; a file open for writing is a fact. The sidecar looks 
 files of the job's processes while checkpoints are being written (a scan costs a ``readlink``
 per descriptor, so at most one per :data:`SCAN_INTERVAL`, and only while something changes), and
 at the moments that decide a commit. It keeps, for each file, the processes seen writing it:
-when the file is closed, they tell whether its writer closed it (the process lives on) or the
-file was closed because its writer ended (the process is exiting, a zombie, or gone), in which
-case the file, and its checkpoint, may be cut short.
+when the file is closed, they tell whether its writer closed it (the process lives on, or
+exited on its own) or the file was closed because its writer ended (a signal in the exit
+status of the exiting process or zombie, or the process gone), in which case the file, and its
+checkpoint, may be cut short.
 
 The link of each descriptor has the access mode in its own permission bits (``l-wx`` or
 ``lrwx`` when open for writing), so a ``readlink`` per descriptor and an ``lstat`` per file of
@@ -27,6 +28,7 @@ PROC = Path("/proc")
 SCAN_INTERVAL = 0.5
 _DELETED = " (deleted)"
 _PF_EXITING = 0x4  # the flags field of /proc/<pid>/stat: the process has begun to exit
+_EXIT_CODE = 49  # field 52 of /proc/<pid>/stat (counted from the state, field 3): wait status
 
 
 def all_processes() -> list[int]:
@@ -60,14 +62,21 @@ def open_for_writing(root: str, pids: Iterable[int]) -> dict[str, set[int]]:
     return found
 
 
-def ending(pid: int) -> bool:
-    """Whether ``pid`` has begun to exit, is a zombie, or is gone."""
+def ended_while_writing(pid: int) -> bool:
+    """Whether the end of ``pid`` closed its files: it is exiting or a zombie with a signal in
+    its exit status (``/proc/<pid>/stat``'s ``exit_code``, set before the kernel closes its
+    files), or it is gone. One that exited on its own closed its files, or had ``exit`` flush
+    them, after writing them whole. One already reaped leaves no status to read: it counts as
+    ended while writing, as a writer killed mid-file and reaped at once by a waiting parent
+    would be (a file is then held back that may have been whole, never committed cut short)."""
     try:
         line = (PROC / str(pid) / "stat").read_text()
     except OSError:
         return True
     fields = line[line.rindex(")") + 2 :].split()
-    return fields[0] in ("Z", "X", "x") or bool(int(fields[6]) & _PF_EXITING)
+    if not (fields[0] in ("Z", "X", "x") or int(fields[6]) & _PF_EXITING):
+        return False
+    return len(fields) <= _EXIT_CODE or int(fields[_EXIT_CODE]) & 0x7F != 0
 
 
 class Writers:
@@ -110,9 +119,11 @@ class Writers:
 
     def closed(self, path: str) -> bool:
         """``path`` (as the watcher names it) was just closed after writing: True when every
-        process seen writing it has ended or is ending (the file was closed by their end, not
-        by them). A file nobody was seen writing says nothing (False)."""
+        process seen writing it ended while writing (:func:`ended_while_writing`: the file
+        was closed by their end, not by them). A file nobody was seen writing says nothing
+        (False); nor does a writer that closed it and exited on its own before this check
+        (the close event comes a little after the close), while its status can be read."""
         real = self._prefix + path[len(self._watched) :] if path.startswith(self._watched) else path
         with self._lock:
             pids = self._seen.pop(real, set())
-        return bool(pids) and all(ending(pid) for pid in pids)
+        return bool(pids) and all(ended_while_writing(pid) for pid in pids)

@@ -82,7 +82,7 @@ class Tuning:
     part_size: int = 16 * MiB  # the range of each
     upload_part_size: int = 8 * MiB  # uploads above this: multipart, in parts of this size
     concurrency: int = 8  # parts in flight per transfer
-    multipart_uploads: int = 2  # multipart uploads at once per store (others wait their turn)
+    multipart_uploads: int = 1  # multipart uploads at once per store (others wait their turn)
     list_page_size: int = 1000
     batch_max_size: int = MiB  # objects up to this size may be fetched in batches
     batch_in_flight: int = 32  # requests at once in a batch or an upload stream

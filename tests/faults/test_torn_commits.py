@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from conftest import Agent, finish, marked_processes, trainer_job, wait_for
 from sidecar_checks import FAST, manifests
 
 from bt_agent.settings import Environ
+from bt_agent.sidecar.writers import Writers
 from bt_agent.storage import ObjectStore, open_store
 
 MiB = 1024 * 1024
@@ -303,3 +306,57 @@ def test_a_second_agent_on_the_same_job_and_rank_is_refused(agent: Agent) -> Non
         trainer_job(agent, "pass"), "--job-id", "twin001", "--node-root", str(agent.root / "n3")
     )
     assert third.code == 0, third.text
+
+
+# --- the close event comes after the close: whose end closed the file ----------------------
+
+HOLD_OPEN = """
+import os, sys, time
+handle = open(sys.argv[1], "wb")
+handle.write(b"x" * 1000)
+handle.flush()
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.01)
+handle.write(b"y" * 1000)
+handle.close()
+"""
+
+
+def _zombie(process: subprocess.Popen[bytes]) -> None:
+    """Wait until ``process`` has ended without reaping it (its status stays readable)."""
+
+    def ended() -> bool:
+        with contextlib.suppress(OSError):
+            return Path(f"/proc/{process.pid}/stat").read_text().split(") ")[1][0] == "Z"
+        return False
+
+    wait_for(ended, 10, "the writer to end")
+
+
+def test_a_writer_that_closes_and_exits_at_once_is_not_torn(tmp_path: Path) -> None:
+    """A trainer's last save: it closes the file and exits, and the close event reaches the
+    sidecar after the exit. A file closed by its writer and one closed by a signal's end look
+    alike then but for the exit status, which decides."""
+    writers = Writers(tmp_path)
+    finished, killed = tmp_path / "finished.pt", tmp_path / "killed.pt"
+    go = tmp_path / "go"
+    clean = subprocess.Popen([sys.executable, "-c", HOLD_OPEN, str(finished), str(go)])
+    cut = subprocess.Popen([sys.executable, "-c", HOLD_OPEN, str(killed), str(tmp_path / "no")])
+    try:
+        wait_for(lambda: finished.exists() and killed.exists(), 10, "the writers to open")
+        wait_for(
+            lambda: {"finished.pt", "killed.pt"} <= set(writers.scan(force=True)),
+            10,
+            "the scan to see both writers",
+        )
+        go.touch()
+        cut.send_signal(signal.SIGKILL)
+        _zombie(clean)
+        _zombie(cut)
+        assert finished.stat().st_size == 2000
+        assert writers.closed(str(finished)) is False, "closed by its writer, which then exited"
+        assert writers.closed(str(killed)) is True, "closed by the end SIGKILL brought"
+    finally:
+        for process in (clean, cut):
+            process.kill()
+            process.wait()
