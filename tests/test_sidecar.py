@@ -367,13 +367,15 @@ def _ledger(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _journal_rows(agent: Agent, job_id: str) -> int:
+def _journal_rows(agent: Agent, job_id: str, table: str = "files") -> int:
+    """Rows of ``job_id`` in a table of the agent's journal (``files``: uploads made durable;
+    ``writing``: checkpoints seen being written in place and not yet settled)."""
     journal = agent.node_root / "var" / "lib" / "bt-agent" / "sidecar-journal.sqlite"
     if not journal.exists():
         return 0
     with contextlib.closing(sqlite3.connect(journal, timeout=5)) as db:
         try:
-            row = db.execute("SELECT COUNT(*) FROM files WHERE job_id=?", (job_id,)).fetchone()
+            row = db.execute(f"SELECT COUNT(*) FROM {table} WHERE job_id=?", (job_id,)).fetchone()
         except sqlite3.OperationalError:  # the agent has not made its tables yet
             return 0
         return int(row[0])
@@ -389,9 +391,11 @@ def test_agent_killed_mid_upload_resumes_without_loss_or_duplicates(
     first = agent.start(ckpt_job(writer), *args, env=env)
     try:
         wait_for(lambda: "checkpoint-5" in _ledger(ledger), 60, "the last checkpoint written")
-        # Past the quiet period: every checkpoint settled, so none is half-written for the
-        # agent started again (one still being written would be held back: tests/faults).
+        # Past the quiet period, and every checkpoint seen settled, so none is half-written
+        # for the agent started again (one still being written would be held back:
+        # tests/faults). A busy agent may take longer than the quiet period to see it.
         time.sleep(0.8)
+        wait_for(lambda: not _journal_rows(agent, "kill001", "writing"), 30, "all settled")
         first.send_signal(signal.SIGKILL)  # no drain, no records: the container died
         first.wait(10)
     finally:
