@@ -48,7 +48,8 @@ def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     wall = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
         assert process.stderr is not None
-        raise SystemExit(f"{argv[0]} failed: {process.stderr.read().decode()[-2000:]}")
+        code = os.waitstatus_to_exitcode(status)
+        raise SystemExit(f"{argv[0]} failed (exit {code}): {process.stderr.read().decode()[-2000:]}")
     return wall, usage.ru_utime + usage.ru_stime
 
 
