@@ -115,7 +115,14 @@ class Bench:
         self.store = open_store("s3://bench", Environ(self.env))
 
     def s5cmd_command(self, source: Path, prefix: str) -> list[str]:
-        return ["s5cmd", "--endpoint-url", self.endpoint, "cp", f"{source}/*", f"s3://bench/{prefix}/"]
+        return [
+            "s5cmd",
+            "--endpoint-url",
+            self.endpoint,
+            "cp",
+            f"{source}/*",
+            f"s3://bench/{prefix}/",
+        ]
 
     def s5cmd(self, source: Path, prefix: str) -> float:
         start = time.perf_counter()

@@ -46,10 +46,11 @@ def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(process.pid, 0)
     wall = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
         assert process.stderr is not None
-        code = os.waitstatus_to_exitcode(status)
-        raise SystemExit(f"{argv[0]} failed (exit {code}): {process.stderr.read().decode()[-2000:]}")
+        said = process.stderr.read().decode()[-2000:]
+        raise SystemExit(f"{argv[0]} failed (exit {code}): {said}")
     return wall, usage.ru_utime + usage.ru_stime
 
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from bt_agent.catalog import Catalog, checkpoint_prefix
+from bt_agent.catalog.index import concurrently
 from bt_agent.errors import RecordNotFoundError, StoreError, UsageError
 from bt_agent.records import Manifest, natural_key
 
@@ -95,17 +96,23 @@ class CheckpointBrowser:
     # --- list --------------------------------------------------------------------------------
 
     def rows(
-        self, project: str | None = None, job_id: str | None = None, sort: str = "created"
+        self,
+        project: str | None = None,
+        job_id: str | None = None,
+        sort: str = "created",
+        limit: int | None = None,
     ) -> list[CheckpointRow]:
+        """The committed checkpoints of one job, or of the newest jobs (at most ``limit``:
+        those of the newest jobs first), in ``sort`` order."""
         if job_id is not None:
             found = self.catalog.project_of(job_id)
             if project is not None and project != found:
                 raise RecordNotFoundError(f"job {job_id} belongs to project {found!r}")
-            jobs = [(found, job_id)]
+            manifests = self.catalog.manifests(found, job_id)
+            manifests = sorted(manifests, key=lambda m: m.created_at, reverse=True)[:limit]
         else:
-            jobs = [(v.job.project, v.job.job_id) for v in self.catalog.jobs(project)]
-        rows = [self._row(m) for p, j in jobs for m in self.catalog.manifests(p, j)]
-        return _sorted(rows, sort)
+            manifests = self.catalog.recent_manifests(project, limit)
+        return _sorted(concurrently(self._row, manifests), sort)
 
     def _row(self, manifest: Manifest) -> CheckpointRow:
         names = {f.path for f in manifest.files}

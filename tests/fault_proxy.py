@@ -1,5 +1,6 @@
 """A TCP proxy in front of a real S3 server that misbehaves on demand, for what the server does
-not do when asked: answer ``503 SlowDown``, or let a request body be corrupted on the way.
+not do when asked: answer ``503 SlowDown``, let a request body be corrupted on the way, or
+hold each request back (the latency of a store far away). It counts the requests it sees.
 
 It forwards bytes unchanged (a SigV4 signature covers the Host header the client sent, which the
 server checks as it receives it), so every request it does not touch reaches the server as the
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 
 SLOW_DOWN = (
@@ -24,11 +26,14 @@ SLOW_DOWN = (
 @dataclass
 class FaultProxy:
     """Listens on 127.0.0.1; the first ``slow_down`` requests are answered 503 SlowDown, and
-    the body of the first ``corrupt`` requests that carry one has a byte flipped."""
+    the body of the first ``corrupt`` requests that carry one has a byte flipped; every request
+    waits ``delay`` seconds before it is passed on."""
 
     upstream_port: int
     slow_down: int = 0
     corrupt: int = 0
+    delay: float = 0.0
+    requests: int = 0  # requests seen
     answered: int = 0  # requests answered 503 by the proxy itself
     corrupted: int = 0
     _server: socket.socket = field(init=False, repr=False)
@@ -81,6 +86,10 @@ class FaultProxy:
                         return
                     buffer += data
                 body, buffer = buffer[:length], buffer[length:]
+                with self._lock:
+                    self.requests += 1
+                if self.delay:
+                    time.sleep(self.delay)
                 if self._take("slow_down"):
                     client.sendall(SLOW_DOWN)
                     return

@@ -10,6 +10,7 @@ from typing import Any
 from conftest import BIN
 
 from bt_agent.catalog import Catalog, checkpoint_prefix
+from bt_agent.catalog.layout import commits_index, parse_commit_entry
 from bt_agent.records import Manifest
 from bt_agent.storage import ObjectStore
 
@@ -52,3 +53,14 @@ def assert_store_holds(
             assert len(data) == entry.size
             assert hashlib.sha256(data).hexdigest() == entry.sha256, f"{name}/{entry.path}"
     return committed
+
+
+def indexed_checkpoints(store: ObjectStore, project: str, job_id: str, rank: int = 0) -> list[str]:
+    """The checkpoints of one node that have an entry in the catalogue's index, one name per
+    entry (a checkpoint indexed twice shows twice)."""
+    found = []
+    for info in store.list(commits_index(project)):
+        parsed = parse_commit_entry(info.key, project)
+        if parsed is not None and (parsed[1].job_id, parsed[1].rank) == (job_id, rank):
+            found.append(parsed[1].checkpoint)
+    return sorted(found)

@@ -15,7 +15,7 @@ from bt_agent.cli.output import render
 from bt_agent.context import ContextInputs, Layout, NodeContext, resolve
 from bt_agent.env import build
 from bt_agent.errors import NotFoundError, RecordNotFoundError, SpecError, UsageError
-from bt_agent.log import format_bytes
+from bt_agent.log import counted, format_bytes
 from bt_agent.secrets import Secrets
 from bt_agent.secrets import resolve as resolve_secrets
 from bt_agent.settings import CONFIG_PYTHON_VARIABLE, SPEC_VARIABLE, Environ
@@ -24,6 +24,7 @@ from bt_agent.storage import open_store
 from bt_agent.supervisor.job import JobPlan, JobRunner
 
 FOLLOW_INTERVAL_SECONDS = 0.5
+PROGRESS_SECONDS = 1.0  # between the lines of `store reindex`'s progress
 
 
 def _plan(args: argparse.Namespace, environ: Environ, check_secrets: bool = True) -> JobPlan:
@@ -169,21 +170,27 @@ def _layout(args: argparse.Namespace, environ: Environ) -> Layout:
     return Layout(Path(root).absolute() if root else None)
 
 
-def _catalog(args: argparse.Namespace, environ: Environ) -> Catalog:
+def _catalog(args: argparse.Namespace, environ: Environ, err: TextIO) -> Catalog:
     store_url = args.store or environ.context_value("store") or environ.default_store_url
     if "://" not in store_url:
         store_url = Path(store_url).absolute().as_uri()
-    return Catalog(open_store(store_url, environ))
+    return Catalog(open_store(store_url, environ), lambda text: _warn(text, err))
+
+
+def _warn(text: str, err: TextIO) -> None:
+    err.write(f"bt-agent: warning: {text}\n")
 
 
 def checkpoints(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.checkpoints_command == "download":
-        return _download_for_serving(args, out)
+        return _download_for_serving(args, out, err)
     from bt_agent.browse import CheckpointBrowser
 
-    browser = CheckpointBrowser(_catalog(args, Environ.current()))
+    browser = CheckpointBrowser(_catalog(args, Environ.current(), err))
     if args.checkpoints_command == "list":
-        rows = [r.to_dict() for r in browser.rows(args.project, args.job_id, args.sort)]
+        limit = _limit(args)
+        rows = [r.to_dict() for r in browser.rows(args.project, args.job_id, args.sort, limit)]
+        _say_if_cut(len(rows), limit, "checkpoints", err)
         for row in rows:
             row["size"] = format_bytes(row["size"]) if args.output == "table" else row["size"]
         listed = ("job_id", "checkpoint", "node", "type", "base_model", "size", "created_at")
@@ -219,7 +226,7 @@ def _tensors(summaries: list[Any], fmt: str, out: TextIO) -> None:
         out.write(render(tensors, columns[1:], "table") + "\n\n")
 
 
-def _download_for_serving(args: argparse.Namespace, out: TextIO) -> int:
+def _download_for_serving(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from bt_agent.staging import serving
 
     environ = Environ.current()
@@ -229,22 +236,59 @@ def _download_for_serving(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError(f"cannot read {args.config}: {exc.strerror}") from exc
     wanted = serving.parse(text, args.config)
     folder = _layout(args, environ).host(wanted.download_folder)
-    for target in serving.download(_catalog(args, environ), wanted, folder):
+    for target in serving.download(_catalog(args, environ, err), wanted, folder):
         out.write(f"{target}\n")
     return 0
 
 
 def jobs(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    catalog = _catalog(args, Environ.current())
+    catalog = _catalog(args, Environ.current(), err)
     if args.jobs_command == "list":
-        views = catalog.jobs(args.project)
+        limit = _limit(args)
+        views = catalog.jobs(args.project, limit)
         rows = [_job_row(v) for v in views]
+        _say_if_cut(len(rows), limit, "jobs", err)
         columns = ("job_id", "project", "name", "status", "nodes", "created_at")
         out.write(render(rows, columns, args.output) + "\n")
         return 0
     if args.jobs_command == "view":
         return _view(catalog.view(args.job_id), args.output, out)
     return _logs(catalog, args.job_id, args.node, args.follow, out)
+
+
+def _limit(args: argparse.Namespace) -> int | None:
+    if args.all:
+        return None
+    if args.limit < 1:
+        raise UsageError(f"--limit {args.limit}: give a number of rows, at least 1 (or --all)")
+    return int(args.limit)
+
+
+def _say_if_cut(shown: int, limit: int | None, what: str, err: TextIO) -> None:
+    if limit is not None and shown >= limit:
+        err.write(f"bt-agent: the newest {limit} {what}; --limit N or --all for more\n")
+
+
+def store(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``store reindex``: the index of every job and commit, with progress."""
+    catalog = _catalog(args, Environ.current(), err)
+    started = time.monotonic()
+    said = started
+
+    def progress(jobs: int, total: int) -> None:
+        nonlocal said
+        if time.monotonic() - said >= PROGRESS_SECONDS:
+            said = time.monotonic()
+            err.write(f"bt-agent: reindexed {jobs:,} of {counted(total, 'job')}\n")
+            err.flush()
+
+    done = catalog.reindex(progress)
+    seconds = time.monotonic() - started
+    out.write(
+        f"indexed {counted(done.jobs, 'job')} and {counted(done.commits, 'committed checkpoint')}"
+        f" of {catalog.store.url} in {seconds:.1f} s\n"
+    )
+    return 0
 
 
 def _logs(catalog: Catalog, job_id: str, rank: int, follow: bool, out: TextIO) -> int:

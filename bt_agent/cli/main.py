@@ -14,6 +14,8 @@ from typing import Any, TextIO
 from bt_agent import __version__
 from bt_agent.errors import BtAgentError, SpecError
 
+DEFAULT_LIMIT = 50  # rows of a listing unless --limit or --all
+
 EPILOG = """\
 spec: a job JSON file ({"training_job": {...}} or a bare TrainingJob), a config.py that
 defines one TrainingProject (needs the truss package), or - for stdin; default $BT_JOB_SPEC.
@@ -75,6 +77,17 @@ def _add_format(parser: argparse.ArgumentParser, default: str = "table") -> None
         default=default,
         help=f"output format (default {default})",
     )
+
+
+def _add_limit(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=DEFAULT_LIMIT,
+        metavar="N",
+        help=f"the newest N {what} (default {DEFAULT_LIMIT})",
+    )
+    parser.add_argument("--all", action="store_true", help=f"every {what[:-1]}, however many")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -170,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing = jobs_commands.add_parser("list", help="jobs, newest first")
     _add_store(listing)
     listing.add_argument("--project", help="only this project's jobs")
+    _add_limit(listing, "jobs")
     _add_format(listing)
     view = jobs_commands.add_parser("view", help="one job with every node's record")
     view.add_argument("job_id")
@@ -185,6 +199,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep printing new output until the node's job ends",
     )
     _add_store(logs)
+
+    store = commands.add_parser("store", help="maintain a store")
+    store_commands = store.add_subparsers(dest="store_command", metavar="SUBCOMMAND", required=True)
+    reindex = store_commands.add_parser(
+        "reindex",
+        help="build the index of a store written before bt-agent kept one",
+        description="Write the index entries of every job and committed checkpoint in the "
+        "store, then mark the index complete, so that `jobs list`, `checkpoints list` and "
+        "resuming from a project's latest checkpoint read a page of it instead of every job. "
+        "Safe to run again, and while jobs run.",
+    )
+    _add_store(reindex)
     return parser
 
 
@@ -199,6 +225,7 @@ def _add_checkpoint_browsing(commands: Any) -> None:
     )
     listing.add_argument("--project", help="only this project's jobs")
     listing.add_argument("--job-id", help="only this job's checkpoints")
+    _add_limit(listing, "checkpoints")
     listing.add_argument(
         "--sort",
         choices=SORTS,
@@ -255,6 +282,7 @@ def dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         "stage": commands.stage,
         "cache": commands.cache,
         "checkpoints": commands.checkpoints,
+        "store": commands.store,
     }
     result: int = handlers[args.command](args, out, err)
     return result

@@ -28,6 +28,8 @@ from bt_agent.spec.models import CheckpointReference, LatestCheckpoint, NamedChe
 from bt_agent.storage import ObjectInfo
 from bt_agent.storage.retry import OutageWait
 
+JOBS_NAMED = 20  # the newest jobs an error names
+
 
 @dataclass(frozen=True)
 class Resolved:
@@ -98,46 +100,50 @@ class CheckpointLoader:
             raise StagingError(f"job {job_id!r} belongs to project {found!r}, not {project!r}")
         return found
 
-    def _rank_for(self, job_id: str) -> int:
+    def _rank_for(self, job_id: str, project: str) -> int:
         """This node's rank when the source job had that many nodes, else rank 0."""
-        nodes = self.catalog.view(job_id).job.node_count
-        rank = self.context.node_rank if self.context.node_rank < nodes else 0
+        return self._said_rank(
+            job_id, self.catalog.rank_in(job_id, self.context.node_rank, project)
+        )
+
+    def _said_rank(self, job_id: str, rank: int) -> int:
         if rank != self.context.node_rank:
             self.log.info(
-                f"job {job_id} ran on {nodes} node(s): node {self.context.node_rank} "
-                f"loads rank {rank}'s checkpoint"
+                f"job {job_id} ran on fewer than {self.context.node_rank + 1} nodes: node "
+                f"{self.context.node_rank} loads rank {rank}'s checkpoint"
             )
         return rank
 
     def _named(self, ref: NamedCheckpoint) -> Manifest:
         if ref.job_id == self.context.job_id:
             raise StagingError("a job cannot load its own checkpoints")
-        self._project_of(ref.job_id, None)
-        return find_manifest(
-            self.catalog, ref.job_id, ref.checkpoint_name, self._rank_for(ref.job_id)
-        )
+        project = self._project_of(ref.job_id, None)
+        rank = self._rank_for(ref.job_id, project)
+        return find_manifest(self.catalog, ref.job_id, ref.checkpoint_name, rank)
 
     def _latest(self, ref: LatestCheckpoint) -> Manifest:
         if ref.job_id:
             if ref.job_id == self.context.job_id:
                 raise StagingError("a job cannot load its own checkpoints")
             project = self._project_of(ref.job_id, ref.project_name)
-            candidates = [ref.job_id]
-        else:
-            project = ref.project_name or self.context.project
-            views = self.catalog.jobs(project)
-            candidates = [v.job.job_id for v in views if v.job.job_id != self.context.job_id]
-        for job_id in candidates:
-            manifests = self.catalog.manifests(project, job_id, self._rank_for(job_id))
+            manifests = self.catalog.manifests(
+                project, ref.job_id, self._rank_for(ref.job_id, project)
+            )
             latest = latest_manifest(manifests)
-            if latest is not None:
-                return latest
-        if ref.job_id:
-            raise StagingError(f"job {ref.job_id} has no committed checkpoints")
-        jobs = ", ".join(candidates) or "none"
-        raise StagingError(
-            f"project {project!r} has no committed checkpoints; its jobs are: {jobs}"
-        )
+            if latest is None:
+                raise StagingError(f"job {ref.job_id} has no committed checkpoints")
+            return latest
+        project = ref.project_name or self.context.project
+        latest = self.catalog.latest(project, self.context.node_rank, but=self.context.job_id)
+        if latest is None:
+            views = self.catalog.jobs(project, limit=JOBS_NAMED)
+            jobs = [v.job.job_id for v in views if v.job.job_id != self.context.job_id]
+            raise StagingError(
+                f"project {project!r} has no committed checkpoints; its jobs are: "
+                f"{', '.join(jobs) or 'none'}"
+            )
+        self._said_rank(latest.job_id, latest.node_rank)
+        return latest
 
     def _refuse_collisions(self, resolved: list[Resolved]) -> None:
         seen: dict[str, Resolved] = {}

@@ -78,6 +78,9 @@ class Upload:
 Finished = Callable[[Wanted, Exception | None], None]
 
 
+Page = list[ObjectInfo]  # one page of a listing
+
+
 def partial_path(destination: Path) -> Path:
     """A name beside ``destination``, unique to this process and call, for its partial file."""
     return destination.with_name(f".{destination.name}.{os.getpid()}.{next(_partials)}.incomplete")
@@ -134,6 +137,21 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def _read_range(self, key: str, start: int, length: int) -> bytes: ...
+
+    def _list_pages(self, prefix: str) -> Iterator[Page]:
+        """What :meth:`_list` finds, a page at a time, each fetched only once the one before
+        is taken (by default, one page)."""
+        yield self._list(prefix)
+
+    def _read(self, key: str) -> bytes:
+        """A whole object, in one request where the backend can (by default, its size first)."""
+        info = self._stat(key)
+        data = self._read_range(key, 0, info.size) if info.size else b""
+        if len(data) != info.size:
+            raise IntegrityError(
+                f"{self.uri(key)}: read {len(data)} of {info.size} bytes", self.uri(key)
+            )
+        return data
 
     @abstractmethod
     def _download(self, key: str, target: Path, size: int | None) -> Fetched:
@@ -221,14 +239,16 @@ class ObjectStore(ABC):
             return b""
         return retry(lambda: self._read_range(key, start, length), self.policy)
 
+    def list_pages(self, prefix: str = "") -> Iterator[Page]:
+        """The objects under ``prefix`` in key order, a page at a time, each asked of the store
+        only once the one before is used up: a caller that stops early makes fewer requests.
+        Not retried (a caller that needs every object and retries uses :meth:`list`)."""
+        for page in self._list_pages(prefix):
+            yield sorted(page, key=lambda info: info.key)
+
     def read_bytes(self, key: str) -> bytes:
-        info = self.stat(key)
-        data = self.read_range(key, 0, info.size)
-        if len(data) != info.size:
-            raise IntegrityError(
-                f"{self.uri(key)}: read {len(data)} of {info.size} bytes", self.uri(key)
-            )
-        return data
+        check_key(key)
+        return retry(lambda: self._read(key), self.policy)
 
     def download(self, key: str, destination: Path, expected: ObjectInfo | None = None) -> Path:
         """Fetch ``key`` to ``destination`` atomically: a unique ``*.incomplete`` file beside it,

@@ -220,6 +220,9 @@ class EngineStore(ObjectStore):
     # --- the core ------------------------------------------------------------------------------
 
     def _list(self, prefix: str) -> list[ObjectInfo]:
+        return [info for page in self._list_pages(prefix) for info in page]
+
+    def _list_pages(self, prefix: str) -> Iterator[list[ObjectInfo]]:
         """Listings go by path segments in the engine: the directory of ``prefix`` is listed
         and what does not start with it is left out."""
         import obstore
@@ -228,23 +231,27 @@ class EngineStore(ObjectStore):
         directory = under.rpartition("/")[0] if not under.endswith("/") else under.rstrip("/")
         if not prefix and self.prefix:
             directory = self.prefix
-        found: list[ObjectInfo] = []
-
-        def listing(engine: Any) -> None:
-            pages = obstore.list(
-                engine, prefix=directory or None, chunk_size=self.tuning.list_page_size
+        pages = iter(
+            obstore.list(
+                self.engine, prefix=directory or None, chunk_size=self.tuning.list_page_size
             )
-            for page in pages:
-                for item in page:
-                    path = item["path"]
-                    if path.startswith(under):
-                        etag = (item.get("e_tag") or "").strip('"')
-                        found.append(
-                            ObjectInfo(relative_key(self.prefix, path), item["size"], etag)
-                        )
+        )
+        while (page := self._engine_call(prefix, lambda _: next(pages, None))) is not None:
+            yield [
+                ObjectInfo(
+                    relative_key(self.prefix, item["path"]),
+                    item["size"],
+                    (item.get("e_tag") or "").strip('"'),
+                )
+                for item in page
+                if item["path"].startswith(under)
+            ]
 
-        self._engine_call(prefix, listing)
-        return found
+    def _read(self, key: str) -> bytes:
+        import obstore
+
+        result = self._engine_call(key, lambda engine: obstore.get(engine, self._key(key)))
+        return bytes(self._engine_call(key, lambda _: result.bytes()))
 
     def _stat(self, key: str) -> ObjectInfo:
         import obstore

@@ -67,6 +67,12 @@ class FileStore(ObjectStore):
         except OSError as exc:
             raise self._error(exc, key) from exc
 
+    def _read(self, key: str) -> bytes:
+        try:
+            return self.path(key).read_bytes()
+        except OSError as exc:
+            raise self._error(exc, key) from exc
+
     def _download(self, key: str, target: Path, size: int | None) -> Fetched:
         try:
             shutil.copyfile(self.path(key), target)

@@ -104,6 +104,7 @@ class JobRunner:
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.log = AgentLog(self.err, plan.secrets.redact)
+        catalog.warn = self.log.warning
         ctx = plan.context
         self.node = NodeRecord(ctx.job_id, ctx.project, ctx.node_rank, socket.gethostname())
         self.relay = SignalRelay()

@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 import servers
 from conftest import BIN, Agent, marked_processes, wait_for
+from sidecar_checks import indexed_checkpoints
 
 from bt_agent.catalog import Catalog, checkpoint_prefix
 from bt_agent.records import Manifest
@@ -147,6 +148,8 @@ def test_sigkill_at_random_points_then_restart_loses_nothing(
         assert again.code == 0, f"{where}: {again.text}"
         committed = {m.checkpoint: m for m in catalog.manifests("default", job_id, 0)}
         assert sorted(committed) == sorted(on_disk), f"{where}: {sorted(committed)}"
+        indexed = indexed_checkpoints(store, "default", job_id)
+        assert indexed == sorted(committed), f"{where}: index {indexed}, committed {committed}"
         for name, files in on_disk.items():
             manifest = committed[name]
             assert {f.path: f.sha256 for f in manifest.files} == files, f"{where}: {name}"
