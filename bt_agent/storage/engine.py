@@ -431,9 +431,9 @@ class EngineStore(ObjectStore):
         return self.tuning.batch_max_size
 
     def download_batch(self, wanted: Iterator[Wanted], finished: Finished) -> None:
-        import asyncio
+        from bt_agent.storage import aio
 
-        asyncio.run(self._download_batch(wanted, finished))
+        aio.run(self._download_batch(wanted, finished))
 
     async def _download_batch(self, wanted: Iterator[Wanted], finished: Finished) -> None:
         import asyncio
@@ -480,9 +480,9 @@ class EngineStore(ObjectStore):
         take: Callable[[], Sequence[U] | None],
         finished: Callable[[U, str | Exception], None],
     ) -> None:
-        import asyncio
+        from bt_agent.storage import aio
 
-        asyncio.run(self._upload_stream(take, finished))
+        aio.run(self._upload_stream(take, finished))
 
     async def _upload_stream(
         self,
@@ -493,8 +493,9 @@ class EngineStore(ObjectStore):
 
         import obstore
 
+        from bt_agent.storage.aio import in_daemon_thread
+
         engine = self.engine
-        loop = asyncio.get_running_loop()
         room = asyncio.Semaphore(self.tuning.batch_in_flight)
         tasks: set[asyncio.Task[None]] = set()
 
@@ -520,7 +521,7 @@ class EngineStore(ObjectStore):
             room.release()
             finished(item, outcome)
 
-        while (batch := await _in_daemon_thread(loop, take)) is not None:
+        while (batch := await in_daemon_thread(take)) is not None:
             for item in batch:
                 await room.acquire()
                 task = asyncio.create_task(put(item))
@@ -561,23 +562,6 @@ class _DaemonPool:
                 future.set_result(call())
             except BaseException as exc:  # the caller's to raise, from future.result()
                 future.set_exception(exc)
-
-
-async def _in_daemon_thread(loop: asyncio.AbstractEventLoop, call: Callable[[], T]) -> T:
-    """``call()`` on a daemon thread of its own: one that blocks for good (a stream nobody
-    ends) must not hold the interpreter's exit, as an executor's thread would."""
-    future: asyncio.Future[T] = loop.create_future()
-
-    def run() -> None:
-        try:
-            result = call()
-        except Exception as exc:
-            loop.call_soon_threadsafe(future.set_exception, exc)
-        else:
-            loop.call_soon_threadsafe(future.set_result, result)
-
-    threading.Thread(target=run, name="bt-s3-take", daemon=True).start()
-    return await future
 
 
 def _info(key: str, meta: Any, attributes: Any) -> ObjectInfo:
