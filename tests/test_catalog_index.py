@@ -16,7 +16,7 @@ from sidecar_checks import FAST, WRITER, ckpt_job, indexed_checkpoints
 
 from bt_agent.catalog import Catalog
 from bt_agent.catalog.index import concurrently
-from bt_agent.catalog.layout import commits_index, manifest_key
+from bt_agent.catalog.layout import commits_index, manifest_key, parse_commit_entry
 from bt_agent.errors import TransientStoreError
 from bt_agent.records import JobRecord, Manifest, ManifestFile
 from bt_agent.settings import Environ
@@ -175,7 +175,9 @@ def test_each_commit_of_a_job_is_indexed_once_after_its_manifest(agent: Agent) -
     assert committed == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
     assert indexed_checkpoints(store, "default", "idx001") == committed
     for info in store.list(commits_index("default")):
-        name = info.key.rsplit("/", 1)[1].removesuffix(".json")
+        parsed = parse_commit_entry(info.key, "default")
+        assert parsed is not None, info.key
+        name = parsed[1].checkpoint
         manifest = agent.store / manifest_key("default", "idx001", 0, name)
         entry = agent.store / info.key
         assert entry.stat().st_mtime_ns >= manifest.stat().st_mtime_ns, f"{name}: entry first"

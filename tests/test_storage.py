@@ -313,6 +313,21 @@ def test_listing_with_prefixes(backend: Backend) -> None:
     assert all(i.version for i in store.list())
 
 
+@pytest.mark.parametrize("backend", WRITABLE, indirect=True)
+def test_listing_a_prefix_that_ends_inside_a_name(backend: Backend) -> None:
+    """What the catalogue's index asks (``<time>~<job>~``): every key that starts with it,
+    whatever sorts around it (names that share its start, a directory of that name), and a
+    listing page at a time gives the same."""
+    names = ["ab-x", "ab/c", "ab/d/e", "ab0", "ab~1", "ab~2", "aa", "b"]
+    files = {f"d/{name}": name.encode() for name in names} | {"e/ab~3": b"3"}
+    store = backend.seeded(files)
+    for prefix in ("d/ab~", "d/ab-", "d/ab", "d/ab/", "d/a", "d/ab~2", "d/zz", "e/a"):
+        expected = sorted(key for key in files if key.startswith(prefix))
+        assert [i.key for i in store.list(prefix)] == expected, prefix
+        paged = [i.key for page in store.list_pages(prefix) for i in page]
+        assert sorted(paged) == expected, prefix
+
+
 @pytest.mark.parametrize("backend", TREES, indirect=True)
 def test_listing_many_pages(backend: Backend) -> None:
     files = {f"many/{i:04d}.txt": str(i).encode() for i in range(130)}

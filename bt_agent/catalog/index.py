@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from bt_agent.catalog.layout import (
     INDEX_FORMAT_KEY,
     INDEX_VERSION,
+    SEP,
     CommitEntry,
     JobEntry,
     commit_entry_key,
@@ -105,8 +106,8 @@ class Index:
     ) -> None:
         prefix = commits_of_rank(project, job_id, job_created_at, rank)
         for info in self.store.list(prefix):
-            at, _, name = info.key.removeprefix(prefix).partition("/")
-            if name == f"{checkpoint}.json" and "/" not in at:
+            at, _, name = info.key.removeprefix(prefix).partition(SEP)
+            if name == f"{checkpoint}.json" and at.isdigit():
                 self.store.delete(info.key)
 
     # --- reads, newest first -----------------------------------------------------------------

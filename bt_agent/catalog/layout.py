@@ -13,13 +13,15 @@
 The index (read newest first, a page at a time; see the README's "The store"):
 
     index/format.json                                        {"version": 1}: the index is complete
-    index/jobs/<job time>/<project>/<job_id>.json            every job
-    projects/<project>/index/jobs/<job time>/<job_id>.json   the project's jobs
-    projects/<project>/index/checkpoints/<job time>/<job_id>/rank-<N>/<time>/<checkpoint>.json
+    index/jobs/<job time>~<project>~<job_id>.json            every job
+    projects/<project>/index/jobs/<job time>~<job_id>.json   the project's jobs
+    projects/<project>/index/checkpoints/<job time>~<job_id>~rank-<N>~<time>~<checkpoint>.json
                                              one per commit, written after the manifest
 
-A ``<time>`` segment is 9,999,999,999,999 minus the milliseconds since the epoch, 13 digits: keys
-sort newest first. ``<job time>`` is the job's ``created_at``, ``<time>`` the checkpoint's.
+A ``<time>`` is 9,999,999,999,999 minus the milliseconds since the epoch, 13 digits, so that
+keys sort newest first; ``<job time>`` is the job's ``created_at``, ``<time>`` the checkpoint's.
+Each index is one flat level of keys (``~`` is in no project or job id): a listing's first page
+is the newest entries, without walking a directory per job on stores that keep directories.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from datetime import datetime
 from bt_agent.errors import StoreError
 
 INDEX_FORMAT_KEY = "index/format.json"
+SEP = "~"
 INDEX_VERSION = 1
 _LAST_MS = 9_999_999_999_999
 
@@ -85,8 +88,8 @@ def jobs_index(project: str | None = None) -> str:
 def job_entry_keys(project: str, job_id: str, created_at: str) -> list[str]:
     at = newest_first(created_at)
     return [
-        f"{jobs_index()}{at}/{project}/{job_id}.json",
-        f"{jobs_index(project)}{at}/{job_id}.json",
+        f"{jobs_index()}{at}{SEP}{project}{SEP}{job_id}.json",
+        f"{jobs_index(project)}{at}{SEP}{job_id}.json",
     ]
 
 
@@ -96,14 +99,15 @@ def commits_index(project: str) -> str:
 
 def commits_of_rank(project: str, job_id: str, job_created_at: str, rank: int) -> str:
     """The prefix of the entries of one node's commits."""
-    return f"{commits_index(project)}{newest_first(job_created_at)}/{job_id}/rank-{rank}/"
+    at = newest_first(job_created_at)
+    return f"{commits_index(project)}{at}{SEP}{job_id}{SEP}rank-{rank}{SEP}"
 
 
 def commit_entry_key(
     project: str, job_id: str, job_created_at: str, rank: int, checkpoint: str, created_at: str
 ) -> str:
     base = commits_of_rank(project, job_id, job_created_at, rank)
-    return f"{base}{newest_first(created_at)}/{checkpoint}.json"
+    return f"{base}{newest_first(created_at)}{SEP}{checkpoint}.json"
 
 
 @dataclass(frozen=True)
@@ -117,32 +121,33 @@ class CommitEntry:
     job_id: str
     rank: int
     checkpoint: str
-    at: str  # the checkpoint's <time> segment: smaller is newer
+    at: str  # the checkpoint's <time>: smaller is newer
 
 
 def parse_job_entry(key: str, project: str | None = None) -> JobEntry | None:
     """A job's entry under :func:`jobs_index` (``project``'s, or every job's); None for a key
     that is not one."""
-    parts = key.removeprefix(jobs_index(project)).split("/")
-    if not parts[-1].endswith(".json"):
+    name = key.removeprefix(jobs_index(project))
+    if "/" in name or not name.endswith(".json"):
         return None
-    job_id = parts[-1].removesuffix(".json")
+    parts = name.removesuffix(".json").split(SEP)
     if project is None and len(parts) == 3:
-        return JobEntry(parts[1], job_id)
+        return JobEntry(parts[1], parts[2])
     if project is not None and len(parts) == 2:
-        return JobEntry(project, job_id)
+        return JobEntry(project, parts[1])
     return None
 
 
 def parse_commit_entry(key: str, project: str) -> tuple[str, CommitEntry] | None:
-    """The ``<job time>/<job_id>`` group and the entry of a commit under
+    """The ``<job time>~<job_id>`` group and the entry of a commit under
     :func:`commits_index`; None for a key that is not one."""
-    parts = key.removeprefix(commits_index(project)).split("/")
-    if len(parts) != 5 or not parts[2].startswith("rank-") or not parts[4].endswith(".json"):
+    name = key.removeprefix(commits_index(project))
+    parts = name.split(SEP, 4)
+    if "/" in name or len(parts) != 5 or not parts[4].endswith(".json"):
         return None
     try:
         rank = int(parts[2].removeprefix("rank-"))
     except ValueError:
         return None
     entry = CommitEntry(parts[1], rank, parts[4].removesuffix(".json"), parts[3])
-    return f"{parts[0]}/{parts[1]}", entry
+    return f"{parts[0]}{SEP}{parts[1]}", entry

@@ -224,28 +224,36 @@ class EngineStore(ObjectStore):
 
     def _list_pages(self, prefix: str) -> Iterator[list[ObjectInfo]]:
         """Listings go by path segments in the engine: the directory of ``prefix`` is listed
-        and what does not start with it is left out."""
+        and what does not start with it is left out. A prefix that ends inside a name starts
+        the listing just before it, and ends it at the first name of that directory past it
+        (names of one directory come in order, on stores that keep directories too)."""
         import obstore
 
         under = self._key(prefix) if prefix else ""
         directory = under.rpartition("/")[0] if not under.endswith("/") else under.rstrip("/")
         if not prefix and self.prefix:
             directory = self.prefix
+        within_name = bool(under) and not under.endswith("/")
+        names_from = len(directory) + 1 if directory else 0
         pages = iter(
             obstore.list(
-                self.engine, prefix=directory or None, chunk_size=self.tuning.list_page_size
+                self.engine,
+                prefix=directory or None,
+                offset=under[:-1] if within_name and under[:-1] else None,
+                chunk_size=self.tuning.list_page_size,
             )
         )
         while (page := self._engine_call(prefix, lambda _: next(pages, None))) is not None:
-            yield [
-                ObjectInfo(
-                    relative_key(self.prefix, item["path"]),
-                    item["size"],
-                    (item.get("e_tag") or "").strip('"'),
-                )
-                for item in page
-                if item["path"].startswith(under)
-            ]
+            found = []
+            for item in page:
+                path = item["path"]
+                if path.startswith(under):
+                    etag = (item.get("e_tag") or "").strip('"')
+                    found.append(ObjectInfo(relative_key(self.prefix, path), item["size"], etag))
+                elif within_name and path > under and "/" not in path[names_from:]:
+                    yield found
+                    return  # past every name that starts with the prefix
+            yield found
 
     def _read(self, key: str) -> bytes:
         import obstore
