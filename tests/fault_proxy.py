@@ -34,6 +34,9 @@ class FaultProxy:
     corrupt: int = 0
     delay: float = 0.0
     requests: int = 0  # requests seen
+    lines: list[str] = field(
+        default_factory=list
+    )  # their request lines: "GET /bucket/key HTTP/1.1"
     answered: int = 0  # requests answered 503 by the proxy itself
     corrupted: int = 0
     _server: socket.socket = field(init=False, repr=False)
@@ -88,6 +91,7 @@ class FaultProxy:
                 body, buffer = buffer[:length], buffer[length:]
                 with self._lock:
                     self.requests += 1
+                    self.lines.append(head.split(b"\r\n", 1)[0].decode("latin-1"))
                 if self.delay:
                     time.sleep(self.delay)
                 if self._take("slow_down"):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import servers
 from conftest import Agent
+from fault_proxy import FaultProxy
 
 from bt_agent.errors import UnsafeKeyError
 from bt_agent.spec.models import WeightsSource
@@ -251,6 +252,48 @@ def test_cluster_tier_serves_a_second_node(
     assert second.code == 0, second.text
     assert "2 from the cluster cache" in second.err
     assert second.out == "b" * 200
+
+
+def test_nodes_starting_together_fetch_each_file_once(
+    agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
+) -> None:
+    """Four nodes of a cluster stage the same weights at the same time: each file comes from
+    the store once (counted by a proxy in front of it), the others wait for it in the cluster
+    tier and copy it from there."""
+    files = {f"shard-{i}.bin": bytes([i]) * 300_000 for i in range(3)}
+    url = _seed_s3(s3_server, files)
+    proxy = FaultProxy(s3_server.port, delay=0.3)  # each fetch outlasts the nodes' starts
+    env = {
+        **_env(agent, s3_server, hf_server),
+        "AWS_ENDPOINT_URL": proxy.endpoint,
+        "BT_CLUSTER_CACHE_DIR": str(agent.root / "cluster"),
+    }
+    weights = [{"source": url, "mount_location": "/d", "auth_secret_name": "s3_creds"}]
+    spec = agent.spec(_job(weights, "true"))
+    try:
+        stage = [sys.executable, "-m", "bt_agent", "stage", str(spec)]
+        stage += ["--secrets-dir", str(agent.secrets_dir), "--node-root"]
+        nodes = [
+            subprocess.Popen(
+                [*stage, str(agent.root / f"node{rank}")],
+                env=agent.full_env(env),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for rank in range(4)
+        ]
+        outputs = [node.communicate(timeout=120) for node in nodes]
+    finally:
+        proxy.close()
+    assert [node.returncode for node in nodes] == [0] * 4, outputs
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    for name, data in files.items():
+        gets = [line for line in proxy.lines if line.startswith(f"GET /{bucket}/{prefix}/{name} ")]
+        assert len(gets) == 1, f"{name}: {gets}"
+        for rank in range(4):
+            assert (agent.root / f"node{rank}" / "d" / name).read_bytes() == data
+    assert sum("from the cluster cache" in err for _, err in outputs) >= 1
 
 
 def test_stage_and_cache_commands(

@@ -274,6 +274,8 @@ class WeightsStager:
         """Fetch the small misses in one batch, where the store has a batch path (many small
         files cost a thread each more than their transfer); the files left to fetch one by
         one: large ones, ones another agent is fetching, and any the batch could not place."""
+        if self.cluster is not None:
+            return misses  # each through the cluster tier's lock: one fetch per file per cluster
         small = [f for f in misses if plan.store.in_batches(f.info.size)]
         if not small:
             return misses
@@ -284,9 +286,6 @@ class WeightsStager:
         def claimed() -> Iterator[Wanted]:
             for item in todo:
                 self._check_stop()
-                if self.cluster is not None and self.cluster.has(item.entry):
-                    left.append(item)  # copied from the cluster tier, one by one
-                    continue
                 claim = self.cache.claim(item.entry)
                 if claim is None:
                     left.append(item)  # another agent is fetching it: wait for it there
@@ -306,7 +305,6 @@ class WeightsStager:
                 if error is not None:
                     left.append(item)
                     return
-                self._share(item, wanted.destination)
                 tally.fetched(item)
                 progress.add(item.info.size)
             finally:
@@ -321,22 +319,24 @@ class WeightsStager:
             raise InterruptedError("stop requested")
 
     def _fill(self, plan: SourcePlan, item: PlannedFile, path: Path, tally: _Tally) -> None:
-        """A node cache miss: from the cluster tier if it has the entry, else from the source,
-        and then into the cluster tier for the next node."""
-        cluster = self.cluster
-        if cluster is not None and cluster.has(item.entry):
-            copy_atomic(cluster.path(item.entry), path)
-            tally.cluster_hit()
-            return
-        self.outage.call(
-            f"weights[{plan.index}]", lambda: plan.store.download(item.info.key, path, item.info)
-        )
-        self._share(item, path)
+        """A node cache miss: from the source, or through the cluster tier where there is one.
+        There the entry's lock is held while one node fetches it; the others wait on it and
+        copy what it placed, so a file is fetched once per cluster however many nodes start
+        together."""
 
-    def _share(self, item: PlannedFile, path: Path) -> None:
-        """Put a file just fetched into the cluster tier, where there is one."""
-        if self.cluster is not None:
-            self.cluster.ensure(item.entry, lambda shared: copy_atomic(path, shared))
+        def download(target: Path) -> None:
+            self.outage.call(
+                f"weights[{plan.index}]",
+                lambda: plan.store.download(item.info.key, target, item.info),
+            )
+
+        if self.cluster is None:
+            download(path)
+            return
+        shared, hit = self.cluster.ensure(item.entry, download)
+        copy_atomic(shared, path)
+        if hit:
+            tally.cluster_hit()
 
     def _unreachable(self, label: str, exc: TransientStoreError, left: float) -> None:
         self.log.warning(
