@@ -91,7 +91,7 @@ class FaultProxy:
                 body, buffer = buffer[:length], buffer[length:]
                 with self._lock:
                     self.requests += 1
-                    self.lines.append(head.split(b"\r\n", 1)[0].decode("latin-1"))
+                    self.lines.append(_request_line(head))
                 if self.delay:
                     time.sleep(self.delay)
                 if self._take("slow_down"):
@@ -102,12 +102,22 @@ class FaultProxy:
                 upstream.sendall(head + b"\r\n\r\n" + body)
 
 
-def _content_length(head: bytes) -> int:
+def _header(head: bytes, wanted: bytes) -> bytes | None:
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            return int(value.strip())
-    return 0
+        if name.strip().lower() == wanted:
+            return value.strip()
+    return None
+
+
+def _content_length(head: bytes) -> int:
+    return int(_header(head, b"content-length") or 0)
+
+
+def _request_line(head: bytes) -> str:
+    line = head.split(b"\r\n", 1)[0].decode("latin-1")
+    asked = _header(head, b"range")
+    return f"{line} {asked.decode('latin-1')}" if asked else line
 
 
 def _pipe(source: socket.socket, target: socket.socket) -> None:
