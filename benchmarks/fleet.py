@@ -66,7 +66,9 @@ def _job(weights_url: str, command: str, nodes: int) -> dict[str, Any]:
 
 
 def _agent(work: Path, rank: int, nodes: int, *args: str) -> list[str]:
-    spec = work / f"job-{nodes}.json"
+    spec = (
+        work / "code" / f"job-{nodes}.json"
+    )  # its directory is the job's code, copied to each node
     return [
         "/usr/bin/time",
         "-f",
@@ -102,7 +104,7 @@ def _run_all(argvs: list[list[str]], env: dict[str, str]) -> tuple[float, list[f
     for argv, process in zip(argvs, processes, strict=True):
         _, err = process.communicate()
         if process.returncode != 0:
-            raise SystemExit(f"{' '.join(argv[5:8])} failed: {err.decode()[-2000:]}")
+            raise SystemExit(f"{' '.join(argv[5:8])} failed: {err.decode()[:3000]}")
         rss.append(int(err.decode().strip().splitlines()[-1]) / 1024)
     return time.perf_counter() - started, rss
 
@@ -160,11 +162,12 @@ def _bench(
         write_tree(
             shards / f"rank-{rank}", args.shards, args.shard_mib * 1024**2, "shard-{:02d}.bin"
         )
-    trainer = work / "trainer.py"
+    trainer = work / "trainer.py"  # outside the code dir: each node runs it where it is
     trainer.write_text(TRAINER)
     command = f"{sys.executable} {trainer} {shards}"
+    (work / "code").mkdir()
     for nodes in (1, args.nodes):
-        spec = work / f"job-{nodes}.json"
+        spec = work / "code" / f"job-{nodes}.json"
         spec.write_text(json.dumps(_job("s3://fleet/weights", command, nodes)))
 
     print(f"staging {args.weights_gib} GiB on one node, then on {args.nodes}", file=sys.stderr)
