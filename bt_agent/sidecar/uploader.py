@@ -149,7 +149,10 @@ class Sidecar:
         settings: SidecarSettings | None = None,
         on_commit: Callable[[], None] = lambda: None,
         processes: Callable[[], Iterable[int]] = all_processes,
+        reaped: Callable[[int], int | None] | None = None,
     ) -> None:
+        """``processes`` lists the job's processes; ``reaped(pid)`` says how one the agent
+        reaped ended (a writer gone when its file's close is seen may have closed it itself)."""
         self.dir = directory
         self.catalog = catalog
         self.owner = owner
@@ -175,7 +178,7 @@ class Sidecar:
         self._earlier: set[str] = set()
         self._last_report = time.monotonic()
         self._last_backlog = 0.0
-        self.writers = Writers(directory.root, processes)
+        self.writers = Writers(directory.root, processes, reaped=reaped)
         self.holds = Holds(log, journal)
         self.commits = Committer(
             self._state,

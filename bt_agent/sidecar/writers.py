@@ -26,6 +26,8 @@ from pathlib import Path
 PROC = Path("/proc")
 #: Seconds between two scans while checkpoint files keep changing.
 SCAN_INTERVAL = 0.5
+#: How long a close event's check waits for the agent's reaper to record a writer's status.
+REAPED_WAIT_SECONDS = 0.25
 _DELETED = " (deleted)"
 _PF_EXITING = 0x4  # the flags field of /proc/<pid>/stat: the process has begun to exit
 _EXIT_CODE = 49  # field 52 of /proc/<pid>/stat (counted from the state, field 3): wait status
@@ -62,21 +64,35 @@ def open_for_writing(root: str, pids: Iterable[int]) -> dict[str, set[int]]:
     return found
 
 
-def ended_while_writing(pid: int) -> bool:
+def ended_while_writing(pid: int, reaped: Callable[[int], int | None] | None = None) -> bool:
     """Whether the end of ``pid`` closed its files: it is exiting or a zombie with a signal in
     its exit status (``/proc/<pid>/stat``'s ``exit_code``, set before the kernel closes its
-    files), or it is gone. One that exited on its own closed its files, or had ``exit`` flush
-    them, after writing them whole. One already reaped leaves no status to read: it counts as
-    ended while writing, as a writer killed mid-file and reaped at once by a waiting parent
-    would be (a file is then held back that may have been whole, never committed cut short)."""
+    files), or it is gone and was killed by a signal. One that exited on its own closed its
+    files, or had ``exit`` flush them, after writing them whole. Of one already gone, the agent
+    knows how it ended where it reaped it (``reaped(pid)``: its own children and the orphans it
+    adopts); another's parent reaped it, leaving no status to read: it counts as ended while
+    writing, as a writer killed mid-file would (a file is then held back that may have been
+    whole, never committed cut short)."""
     try:
         line = (PROC / str(pid) / "stat").read_text()
     except OSError:
-        return True
+        return _gone_by_signal(pid, reaped)
     fields = line[line.rindex(")") + 2 :].split()
     if not (fields[0] in ("Z", "X", "x") or int(fields[6]) & _PF_EXITING):
         return False
     return len(fields) <= _EXIT_CODE or int(fields[_EXIT_CODE]) & 0x7F != 0
+
+
+def _gone_by_signal(pid: int, reaped: Callable[[int], int | None] | None) -> bool:
+    """How a process no longer in /proc ended, as its reaper says; True where it cannot say.
+    The agent's reaper records a status just after the process leaves /proc: it is waited for
+    a little."""
+    if reaped is None:
+        return True
+    deadline = time.monotonic() + REAPED_WAIT_SECONDS
+    while (code := reaped(pid)) is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return code is None or code < 0
 
 
 class Writers:
@@ -91,8 +107,10 @@ class Writers:
         root: Path,
         processes: Callable[[], Iterable[int]] = all_processes,
         interval: float = SCAN_INTERVAL,
+        reaped: Callable[[int], int | None] | None = None,
     ) -> None:
         self.processes = processes
+        self.reaped = reaped
         self.interval = interval
         self._prefix = os.path.join(os.path.realpath(root), "")  # what the kernel's links say
         self._watched = os.path.join(os.path.abspath(root), "")  # what the watcher's events say
@@ -126,4 +144,4 @@ class Writers:
         real = self._prefix + path[len(self._watched) :] if path.startswith(self._watched) else path
         with self._lock:
             pids = self._seen.pop(real, set())
-        return bool(pids) and all(ended_while_writing(pid) for pid in pids)
+        return bool(pids) and all(ended_while_writing(pid, self.reaped) for pid in pids)

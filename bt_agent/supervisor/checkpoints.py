@@ -24,9 +24,15 @@ if TYPE_CHECKING:
 
 class CheckpointUploads:
     def __init__(
-        self, plan: JobPlan, catalog: Catalog, log: AgentLog, on_commit: Callable[[], None]
+        self,
+        plan: JobPlan,
+        catalog: Catalog,
+        log: AgentLog,
+        on_commit: Callable[[], None],
+        reaped: Callable[[int], int | None] | None = None,
     ) -> None:
         self.plan = plan
+        self.reaped = reaped
         self.catalog = catalog
         self.log = log
         self.on_commit = on_commit
@@ -70,6 +76,7 @@ class CheckpointUploads:
                 self._settings,
                 self.on_commit,
                 tree.descendants,
+                self.reaped,
             )
             sidecar.start()
         except Exception as exc:  # OSError, ImportError, sqlite3.Error: the same for the user

@@ -113,7 +113,9 @@ class JobRunner:
         self._ending = False  # the agent is ending the job's processes itself
         self._child: Child | None = None
         self._pumps: list[OutputPump] = []
-        self._checkpoints = CheckpointUploads(plan, catalog, self.log, self._write_node)
+        self._checkpoints = CheckpointUploads(
+            plan, catalog, self.log, self._write_node, self.reaper.recent_status
+        )
         self._claim = NodeClaim(catalog, plan.context)
         self._record_lock = threading.Lock()
         self._reporter: StoreReporter | None = None

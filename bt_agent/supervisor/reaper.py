@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+from collections import OrderedDict
 from collections.abc import Callable
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -26,6 +27,10 @@ def become_subreaper() -> bool:
         return False
 
 
+#: Processes whose exit status is kept after they are reaped, the latest first out last.
+RECENT = 4096
+
+
 class Reaper:
     """Reaps with ``waitpid(-1, WNOHANG)`` until nothing is left to reap; ``ended`` hears of
     every process reaped (pid, returncode)."""
@@ -33,6 +38,7 @@ class Reaper:
     def __init__(self, ended: Callable[[int, int], None] = lambda pid, code: None) -> None:
         self.watched: set[int] = set()
         self.statuses: dict[int, int] = {}  # pid -> returncode (negative: killed by that signal)
+        self._recent: OrderedDict[int, int] = OrderedDict()  # of every process, the latest
         self.reaped = 0
         self.ended = ended
 
@@ -55,7 +61,16 @@ class Reaper:
             code = os.waitstatus_to_exitcode(status)
             if pid in self.watched:
                 self.statuses[pid] = code
+            self._recent[pid] = code
+            self._recent.move_to_end(pid)
+            if len(self._recent) > RECENT:
+                self._recent.popitem(last=False)
             self.ended(pid, code)
 
     def status_of(self, pid: int) -> int | None:
         return self.statuses.get(pid)
+
+    def recent_status(self, pid: int) -> int | None:
+        """How ``pid`` ended, if this reaper reaped it lately (None if not, or not yet). Any
+        thread may ask."""
+        return self._recent.get(pid)
