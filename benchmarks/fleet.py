@@ -42,12 +42,15 @@ from bt_agent.storage import open_store  # noqa: E402
 
 JOB_ID = "fleet001"
 WEIGHT_FILES = 4
+# Saves its shards, then trains on (a process gone before the sidecar sees its last close
+# is taken for one that died writing, when another process reaped it: see the README).
 TRAINER = """
-import os, shutil, sys
+import os, shutil, sys, time
 from pathlib import Path
 source = Path(sys.argv[1]) / f"rank-{os.environ['BT_NODE_RANK']}"
 target = Path(os.environ["BT_CHECKPOINT_DIR"]) / "checkpoint-1"
 shutil.copytree(source, target)
+time.sleep(2)
 """
 
 
