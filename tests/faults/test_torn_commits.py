@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -337,29 +338,24 @@ def _zombie(process: subprocess.Popen[bytes]) -> None:
     wait_for(ended, 10, "the writer to end")
 
 
-def test_a_writer_that_closes_and_exits_at_once_is_not_torn(tmp_path: Path) -> None:
-    """A trainer's last save: it closes the file and exits, and the close event reaches the
-    sidecar after the exit. A file closed by its writer and one closed by a signal's end look
-    alike then but for the exit status, which decides."""
-    writers = Writers(tmp_path)
-    finished, killed = tmp_path / "finished.pt", tmp_path / "killed.pt"
-    go = tmp_path / "go"
+@contextlib.contextmanager
+def _two_writers(
+    directory: Path, *seeing: Writers
+) -> Iterator[tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]]:
+    """Two writers of ``directory`` holding ``finished.pt`` and ``killed.pt`` open, seen by
+    every one of ``seeing``; then the first finishes its file and exits on its own, the other
+    is SIGKILLed mid-file (both left unreaped)."""
+    finished, killed = directory / "finished.pt", directory / "killed.pt"
+    go = directory / "go"
     clean = subprocess.Popen([sys.executable, "-c", HOLD_OPEN, str(finished), str(go)])
-    cut = subprocess.Popen([sys.executable, "-c", HOLD_OPEN, str(killed), str(tmp_path / "no")])
+    cut = subprocess.Popen([sys.executable, "-c", HOLD_OPEN, str(killed), str(directory / "no")])
     try:
         wait_for(lambda: finished.exists() and killed.exists(), 10, "the writers to open")
-        wait_for(
-            lambda: {"finished.pt", "killed.pt"} <= set(writers.scan(force=True)),
-            10,
-            "the scan to see both writers",
-        )
+        for writers in seeing:
+            wait_for(partial(_sees, writers, {"finished.pt", "killed.pt"}), 10, "writers seen")
         go.touch()
         cut.send_signal(signal.SIGKILL)
-        _zombie(clean)
-        _zombie(cut)
-        assert finished.stat().st_size == 2000
-        assert writers.closed(str(finished)) is False, "closed by its writer, which then exited"
-        assert writers.closed(str(killed)) is True, "closed by the end SIGKILL brought"
+        yield clean, cut
     finally:
         for process in (clean, cut):
             process.kill()
@@ -370,6 +366,22 @@ def _sees(writers: Writers, paths: set[str]) -> bool:
     return paths <= set(writers.scan(force=True))
 
 
+def test_a_writer_that_closes_and_exits_at_once_is_not_torn(tmp_path: Path) -> None:
+    """A trainer's last save: it closes the file and exits, and the close event reaches the
+    sidecar after the exit. A file closed by its writer and one closed by a signal's end look
+    alike then but for the exit status, which decides."""
+    writers = Writers(tmp_path)
+    with _two_writers(tmp_path, writers) as (clean, cut):
+        _zombie(clean)
+        _zombie(cut)
+        assert (tmp_path / "finished.pt").stat().st_size == 2000
+        closed = writers.closed(str(tmp_path / "finished.pt"))
+        assert closed is False, "closed by its writer, which then exited"
+        assert writers.closed(str(tmp_path / "killed.pt")) is True, (
+            "closed by the end SIGKILL brought"
+        )
+
+
 def test_a_writer_reaped_before_its_close_is_seen_is_judged_by_its_reaper(tmp_path: Path) -> None:
     """The same last save on a busy node: the agent has reaped the writer (its own child, or
     an orphan it adopted) before the close event is seen, so /proc has no status left; the
@@ -378,25 +390,13 @@ def test_a_writer_reaped_before_its_close_is_seen_is_judged_by_its_reaper(tmp_pa
     statuses: dict[int, int] = {}
     writers = Writers(tmp_path, reaped=statuses.get)
     unknown = Writers(tmp_path)
-    finished, killed = tmp_path / "finished.pt", tmp_path / "killed.pt"
-    go = tmp_path / "go"
-    clean = subprocess.Popen([sys.executable, "-c", HOLD_OPEN, str(finished), str(go)])
-    cut = subprocess.Popen([sys.executable, "-c", HOLD_OPEN, str(killed), str(tmp_path / "no")])
-    try:
-        wait_for(lambda: finished.exists() and killed.exists(), 10, "the writers to open")
-        for seeing in (writers, unknown):
-            wait_for(partial(_sees, seeing, {"finished.pt", "killed.pt"}), 10, "both writers seen")
-        go.touch()
-        cut.send_signal(signal.SIGKILL)
+    finished, killed = str(tmp_path / "finished.pt"), str(tmp_path / "killed.pt")
+    with _two_writers(tmp_path, writers, unknown) as (clean, cut):
         codes = {process.pid: process.wait(10) for process in (clean, cut)}  # reaped: gone
         assert codes[clean.pid] == 0 and codes[cut.pid] == -signal.SIGKILL
         statuses[cut.pid] = codes[cut.pid]
         recorder = threading.Timer(0.1, lambda: statuses.update({clean.pid: 0}))
         recorder.start()  # the reaper records the clean one's status a little later
-        assert writers.closed(str(finished)) is False, "its reaper says it exited on its own"
-        assert writers.closed(str(killed)) is True, "its reaper says a signal ended it"
-        assert unknown.closed(str(finished)) is True, "gone, and no status to read"
-    finally:
-        for process in (clean, cut):
-            process.kill()
-            process.wait()
+        assert writers.closed(finished) is False, "its reaper says it exited on its own"
+        assert writers.closed(killed) is True, "its reaper says a signal ended it"
+        assert unknown.closed(finished) is True, "gone, and no status to read"
