@@ -5,10 +5,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import socket
 
 import pytest
 from conftest import Agent, job_with
 from spec_cases import INVALID, job
+
+from bt_agent.log import format_bytes
 
 
 def test_validate_reports_three_mistakes_with_paths(agent: Agent) -> None:
@@ -110,6 +114,37 @@ def test_run_copies_the_code_dir_into_the_working_dir(agent: Agent) -> None:
     result = agent.run_job(job_with(start_commands=["python train.py", "pwd"]))
     assert result.code == 0, result.text
     assert result.out.splitlines() == ["trained", str(agent.node_root / "b10" / "workspace")]
+
+
+def test_the_code_copy_leaves_out_what_is_not_code(agent: Agent) -> None:
+    """Beside the spec: a named pipe and a socket, the secrets dir, a file store, another
+    node's root and a .git dir. Only the code reaches the working dir, and the log says what
+    was copied and what special files were left out."""
+    code = agent.root / "code"
+    (code / "sub").mkdir(parents=True)
+    (code / "train.py").write_text("print('trained')\n")
+    (code / "sub" / "data.txt").write_text("12345")
+    os.mkfifo(code / "pipe")
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(str(code / "agent.sock"))
+        (code / "secrets").mkdir()
+        (code / "secrets" / "hf_tok").write_text("hf_secret_value\n")
+        (code / "other-node" / "var" / "lib" / "bt-agent").mkdir(parents=True)
+        (code / ".git").mkdir()
+        (code / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+        spec = job_with(
+            start_commands=["python train.py", "find . -type f -o -type l -o -type p -o -type s"]
+        )
+        args = ("--secrets-dir", str(code / "secrets"), "--store", str(code / "store"))
+        result = agent.run_job(spec, *args)
+    assert result.code == 0, result.text
+    lines = result.out.splitlines()
+    assert lines[0] == "trained"
+    assert sorted(lines[1:]) == ["./job.json", "./sub/data.txt", "./train.py"]
+    size = sum((code / name).stat().st_size for name in ("job.json", "sub/data.txt", "train.py"))
+    assert "code: left out 2 special files" in result.err
+    assert f"code: copied 3 files, {format_bytes(size)}" in result.err
+    assert (code / "store" / "projects").is_dir(), "the store was there to be left out"
 
 
 def test_run_from_stdin_and_job_spec_variable(agent: Agent) -> None:

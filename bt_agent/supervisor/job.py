@@ -21,13 +21,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, TextIO
+from typing import IO, TextIO
 
 from bt_agent.catalog import Catalog
 from bt_agent.context import NodeContext
 from bt_agent.env import ChildEnvironment, JobDirs
 from bt_agent.errors import DurabilityError, StagingError, TransientStoreError
-from bt_agent.log import AgentLog, counted
+from bt_agent.log import AgentLog, counted, format_bytes
 from bt_agent.records import CommandResult, JobRecord, JobStatus, NodeRecord, now_iso
 from bt_agent.secrets import Secrets
 from bt_agent.settings import DEFAULT_OUTAGE_SECONDS, STORE_OUTAGE_VARIABLE, Environ
@@ -36,6 +36,7 @@ from bt_agent.storage.retry import retry_for
 from bt_agent.supervisor import tree
 from bt_agent.supervisor.checkpoints import CheckpointUploads
 from bt_agent.supervisor.claim import NodeClaim
+from bt_agent.supervisor.code import SKIPPED_NAMES, copy_code
 from bt_agent.supervisor.output import OutputPump
 from bt_agent.supervisor.process import Child, describe_exit, exit_status, signal_name
 from bt_agent.supervisor.reaper import Reaper, become_subreaper
@@ -53,7 +54,6 @@ RECORDS_MARGIN_SECONDS = 0.3
 _RANK_DIR = re.compile(r"rank-\d+")
 MAX_CODE_FILES = 10_000
 #: Never copied from the code directory into the working directory.
-CODE_IGNORE = (".git", "__pycache__", ".venv", "node_modules", ".mypy_cache", ".pytest_cache")
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class StopRequested(Exception):
 def _check_code_size(code: Path) -> None:
     count = 0
     for _, dirnames, filenames in os.walk(code):
-        dirnames[:] = [d for d in dirnames if d not in CODE_IGNORE]
+        dirnames[:] = [d for d in dirnames if d not in SKIPPED_NAMES]
         count += len(filenames)
         if count > MAX_CODE_FILES:
             raise StagingError(
@@ -292,18 +292,23 @@ class JobRunner:
         if code.resolve() == working.resolve():
             return
         _check_code_size(code)
-        skip = {p.resolve() for p in (working, self.plan.context.layout.node_root) if p}
-
-        def ignore(directory: str, names: list[str]) -> list[str]:
-            return [n for n in names if n in CODE_IGNORE or Path(directory, n).resolve() in skip]
-
-        def copy(source: str, target: str) -> Any:
-            if self.relay.stopping:
-                raise StopRequested
-            return shutil.copy2(source, target)
-
-        shutil.copytree(
-            code, working, ignore=ignore, dirs_exist_ok=True, symlinks=True, copy_function=copy
+        ctx = self.plan.context
+        skip = [working, ctx.secrets_dir, *([ctx.layout.node_root] if ctx.layout.node_root else [])]
+        if ctx.store_url.startswith("file://"):
+            skip.append(Path(ctx.store_url.removeprefix("file://")))
+        try:
+            copied = copy_code(code, working, skip, lambda: self.relay.stopping)
+        except InterruptedError:
+            raise StopRequested from None
+        if copied.special:
+            first = copied.special[0]
+            self.log.warning(
+                f"code: left out {counted(len(copied.special), 'special file')} (named pipes, "
+                f"sockets, devices), {first} among them"
+            )
+        self.log.info(
+            f"code: copied {counted(copied.files, 'file')}, {format_bytes(copied.bytes)} from "
+            f"{code} into the working dir"
         )
 
     # --- RUNNING ---------------------------------------------------------------------------
