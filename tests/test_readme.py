@@ -23,7 +23,7 @@ def _normalized(lines: list[str], ids: list[str]) -> list[str]:
         for index, job_id in enumerate(ids):
             line = line.replace(job_id, f"<job{index}>")
         # The README shows paths as a reader's would read: relative, or under ~
-        out.append(re.sub(r"(file://)?(~|\.bt-node)?/\S*", "<path>", line))
+        out.append(re.sub(r"(file://)?(~|\.bt-node|examples)?/\S*", "<path>", line))
     return out
 
 
