@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import servers
 from conftest import Agent, finish, marked_processes, small_tmpfs, wait_for
+from fault_proxy import FaultProxy
 from sidecar_checks import FAST, WRITER, assert_store_holds, ckpt_job, manifests
 
 from bt_agent.settings import Environ
@@ -381,15 +382,32 @@ def _journal_rows(agent: Agent, job_id: str, table: str = "files") -> int:
         return int(row[0])
 
 
+@pytest.fixture
+def far_s3(own_s3: servers.SeaweedFS) -> Iterator[FaultProxy]:
+    """The test's S3 server behind a proxy that can hold every request back (``delay``: a store
+    far away)."""
+    proxy = FaultProxy(own_s3.port)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+
+
 def test_agent_killed_mid_upload_resumes_without_loss_or_duplicates(
-    agent: Agent, own_s3: servers.SeaweedFS
+    agent: Agent, own_s3: servers.SeaweedFS, far_s3: FaultProxy
 ) -> None:
-    env = s3_env(own_s3)
+    # Once training runs the store is far away, so the uploads of the last checkpoint are still
+    # under way when the agent is killed, however busy the machine; the agent started again
+    # finds it near.
+    proxy = far_s3
+    env = {**s3_env(own_s3), "AWS_ENDPOINT_URL": proxy.endpoint}
     ledger = agent.root / "ledger.json"
     writer = f"{WRITER} {ledger} --style shards --steps 5 --files 8 --size 6000000 --hold 60"
     args = ("--job-id", "kill001", "--store", "s3://store/bt")
     first = agent.start(ckpt_job(writer), *args, env=env)
     try:
+        wait_for(lambda: _ledger(ledger), 60, "training under way")
+        proxy.delay = 2.0
         wait_for(lambda: "checkpoint-5" in _ledger(ledger), 60, "the last checkpoint written")
         # Past the quiet period, and every checkpoint seen settled, so none is half-written
         # for the agent started again (one still being written would be held back:
@@ -399,6 +417,7 @@ def test_agent_killed_mid_upload_resumes_without_loss_or_duplicates(
         first.send_signal(signal.SIGKILL)  # no drain, no records: the container died
         first.wait(10)
     finally:
+        proxy.delay = 0.0
         for pid in marked_processes(agent.mark):  # the orphaned trainer dies with the container
             os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not marked_processes(agent.mark), 10, "the trainer gone")
