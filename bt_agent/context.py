@@ -171,8 +171,11 @@ def resolve(
     gpu_request: int,
     config_project: str | None,
     config_team: str | None = None,
+    needs_leader: bool = True,
 ) -> NodeContext:
-    """The node context for a job; raises :class:`UsageError` listing every bad input."""
+    """The node context for a job; raises :class:`UsageError` listing every bad input.
+    ``needs_leader=False`` (a spec being validated, not run) lets a job of several nodes go
+    without the leader's address."""
     r = _Resolver(inputs, environ)
     group_size = r.integer("group_size", node_count, 1)
     node_rank = r.integer("node_rank", 0, 0)
@@ -185,7 +188,7 @@ def resolve(
             )
         )
     leader, _where = r.raw("leader_addr")
-    if leader is None and group_size > 1:
+    if leader is None and group_size > 1 and needs_leader:
         r.problems.append(
             Problem(
                 "--leader-addr",

@@ -184,6 +184,17 @@ def test_multinode_needs_a_leader(agent: Agent) -> None:
     assert result.code == 2 and "--leader-addr" in result.err
 
 
+def test_a_multinode_spec_validates_without_a_leader(agent: Agent) -> None:
+    """``validate`` judges the spec on a laptop: no leader needed; a rank given that does
+    not fit the spec's nodes is still reported."""
+    spec = str(agent.spec(job(compute={"node_count": 2})))
+    result = agent("validate", spec, "--skip-secrets")
+    assert result.code == 0, result.text
+    assert "2 node(s)" in result.out
+    wrong = agent("validate", spec, "--skip-secrets", "--node-rank", "2")
+    assert wrong.code == 2 and "  - --node-rank: " in wrong.err
+
+
 def test_jobs_list_and_view_formats(agent: Agent) -> None:
     for name in ("first", "second"):
         spec = job(name=name, runtime={"start_commands": ["true"]})

@@ -27,8 +27,11 @@ FOLLOW_INTERVAL_SECONDS = 0.5
 PROGRESS_SECONDS = 1.0  # between the lines of `store reindex`'s progress
 
 
-def _plan(args: argparse.Namespace, environ: Environ, check_secrets: bool = True) -> JobPlan:
-    """Load and check everything a job needs; raise before anything is created."""
+def _plan(
+    args: argparse.Namespace, environ: Environ, check_secrets: bool = True, running: bool = True
+) -> JobPlan:
+    """Load and check everything a job needs; raise before anything is created. A spec only
+    being judged (``running=False``) needs no node context beyond what flags give."""
     source = args.spec or environ.get(SPEC_VARIABLE)
     if not source:
         raise UsageError(f"no spec given: pass a path (or -) or set ${SPEC_VARIABLE}")
@@ -42,6 +45,7 @@ def _plan(args: argparse.Namespace, environ: Environ, check_secrets: bool = True
         job.compute.gpu_count,
         spec.project_name,
         spec.team_name,
+        needs_leader=running,
     )
     secrets, problems = (
         resolve_secrets(job, context.secrets_dir) if check_secrets else (Secrets(), [])
@@ -73,7 +77,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def validate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
-        plan = _plan(args, Environ.current(), check_secrets=not args.skip_secrets)
+        plan = _plan(args, Environ.current(), check_secrets=not args.skip_secrets, running=False)
     except SpecError as exc:
         if args.output != "json":
             raise
