@@ -13,6 +13,7 @@ from conftest import Agent, job_with
 from spec_cases import INVALID, job
 
 from bt_agent.log import format_bytes
+from bt_agent.supervisor.code import MAX_CODE_FILES
 
 
 def test_validate_reports_three_mistakes_with_paths(agent: Agent) -> None:
@@ -145,6 +146,29 @@ def test_the_code_copy_leaves_out_what_is_not_code(agent: Agent) -> None:
     assert "code: left out 2 special files" in result.err
     assert f"code: copied 3 files, {format_bytes(size)}" in result.err
     assert (code / "store" / "projects").is_dir(), "the store was there to be left out"
+
+
+def test_the_code_dirs_ignore_file_is_honoured(agent: Agent) -> None:
+    """``.btignore`` in the code dir (``.gitignore`` syntax, negation included) leaves out what
+    it names, before the size limit is judged: a data dir of more files than a code dir may
+    hold is refused until the ignore file names it."""
+    code = agent.root / "code"
+    (code / "data").mkdir(parents=True)
+    for index in range(MAX_CODE_FILES + 1):
+        (code / "data" / f"{index}.bin").touch()
+    (code / "train.py").write_text("print('trained')\n")
+    (code / "last.ckpt").write_text("x")
+    (code / "keep.ckpt").write_text("y")
+    spec = job_with(start_commands=["find . -type f"])
+    refused = agent.run_job(spec)
+    assert refused.code == 3, refused.text
+    assert f"more than {MAX_CODE_FILES} files" in refused.err and ".btignore" in refused.err
+    (code / ".btignore").write_text("# data is staged, not pushed\ndata/\n*.ckpt\n!keep.ckpt\n")
+    result = agent.run_job(spec)
+    assert result.code == 0, result.text
+    found = sorted(result.out.splitlines())
+    assert found == ["./.btignore", "./job.json", "./keep.ckpt", "./train.py"]
+    assert "(2 paths left out by .btignore)" in result.err
 
 
 def test_run_from_stdin_and_job_spec_variable(agent: Agent) -> None:

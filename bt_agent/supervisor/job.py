@@ -9,7 +9,6 @@ happens, with the precise reason for the end; the exit code follows DESIGN.md §
 from __future__ import annotations
 
 import copy
-import os
 import re
 import shutil
 import signal
@@ -36,7 +35,7 @@ from bt_agent.storage.retry import retry_for
 from bt_agent.supervisor import tree
 from bt_agent.supervisor.checkpoints import CheckpointUploads
 from bt_agent.supervisor.claim import NodeClaim
-from bt_agent.supervisor.code import SKIPPED_NAMES, copy_code
+from bt_agent.supervisor.code import IGNORE_FILE, copy_code
 from bt_agent.supervisor.output import OutputPump
 from bt_agent.supervisor.process import Child, describe_exit, exit_status, signal_name
 from bt_agent.supervisor.reaper import Reaper, become_subreaper
@@ -52,7 +51,6 @@ RECORDS_RESERVE_SECONDS = 1.0
 #: The last records are written until this long before the grace period ends.
 RECORDS_MARGIN_SECONDS = 0.3
 _RANK_DIR = re.compile(r"rank-\d+")
-MAX_CODE_FILES = 10_000
 #: Never copied from the code directory into the working directory.
 
 
@@ -81,18 +79,6 @@ class Outcome:
 
 class StopRequested(Exception):
     """A stop signal arrived during a phase that checks for it (DEPLOYING)."""
-
-
-def _check_code_size(code: Path) -> None:
-    count = 0
-    for _, dirnames, filenames in os.walk(code):
-        dirnames[:] = [d for d in dirnames if d not in SKIPPED_NAMES]
-        count += len(filenames)
-        if count > MAX_CODE_FILES:
-            raise StagingError(
-                f"the code dir {code} holds more than {MAX_CODE_FILES} files; "
-                "put the spec beside your code or pass --code-dir"
-            )
 
 
 class JobRunner:
@@ -291,7 +277,6 @@ class JobRunner:
             return
         if code.resolve() == working.resolve():
             return
-        _check_code_size(code)
         ctx = self.plan.context
         skip = [working, ctx.secrets_dir, *([ctx.layout.node_root] if ctx.layout.node_root else [])]
         if ctx.store_url.startswith("file://"):
@@ -306,9 +291,10 @@ class JobRunner:
                 f"code: left out {counted(len(copied.special), 'special file')} (named pipes, "
                 f"sockets, devices), {first} among them"
             )
+        ignored = f" ({counted(copied.ignored, 'path')} left out by {IGNORE_FILE})"
         self.log.info(
             f"code: copied {counted(copied.files, 'file')}, {format_bytes(copied.bytes)} from "
-            f"{code} into the working dir"
+            f"{code} into the working dir{ignored if copied.ignored else ''}"
         )
 
     # --- RUNNING ---------------------------------------------------------------------------
