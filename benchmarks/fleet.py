@@ -43,7 +43,7 @@ from bt_agent.storage import open_store  # noqa: E402
 JOB_ID = "fleet001"
 WEIGHT_FILES = 4
 # Saves its shards, then trains on (a process gone before the sidecar sees its last close
-# is taken for one that died writing, when another process reaped it: see the README).
+# is taken for one that died writing, when another process reaped it: see docs/checkpoints.md).
 TRAINER = """
 import os, shutil, sys, time
 from pathlib import Path

@@ -51,3 +51,22 @@ def test_quickstart_and_resume_print_what_the_readme_shows(agent: Agent) -> None
         program_lines = [line for line in expected if not line.startswith("bt-agent:")]
         assert _normalized(result.err.splitlines(), run_ids) == agent_lines
         assert _normalized(result.out.splitlines(), run_ids) == program_lines
+
+
+DOCS = [REPO / "README.md", REPO / "RELIABILITY.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def test_the_documents_link_to_files_that_exist() -> None:
+    for document in DOCS:
+        text = document.read_text()
+        for target in re.findall(r"\]\(([^)#:]+)\)", text):
+            assert (document.parent / target).exists(), f"{document.name} links to {target}"
+
+
+def test_the_documents_name_no_path_of_one_machine() -> None:
+    """Example output shows paths as any reader's would be: relative, under ~, or container
+    paths; never a test's temporary dir, an interpreter's or a checkout's location."""
+    one_machine = r"(?:/work/|file:///tmp/|/\.pyenv/|pytest-of-|/tmp/tmp|/tmp/bt-)\S*"
+    for document in [*DOCS, REPO / "benchmarks" / "RESULTS.md"]:
+        found = re.findall(one_machine, document.read_text())
+        assert not found, f"{document.name}: {found}"

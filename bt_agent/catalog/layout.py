@@ -10,7 +10,7 @@
     projects/<project>/jobs/<job_id>/claims/rank-<N>.json   the agent running that node
     jobs/<job_id>.json                                       {"project": ...}
 
-The index (read newest first, a page at a time; see the README's "The store"):
+The index (read newest first, a page at a time; see docs/store.md):
 
     index/format.json                                        {"version": 1}: the index is complete
     index/jobs/<job time>~<project>~<job_id>.json            every job
