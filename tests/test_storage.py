@@ -24,12 +24,14 @@ import servers
 from bt_agent.errors import (
     AccessDeniedError,
     IntegrityError,
+    KeyConflictError,
     NotFoundError,
     UnsafeKeyError,
 )
 from bt_agent.settings import Environ
 from bt_agent.storage import ObjectStore, open_store
 from bt_agent.storage.azure import AzureStore
+from bt_agent.storage.base import Upload
 from bt_agent.storage.engine import Tuning
 from bt_agent.storage.gcs import GCSStore
 from bt_agent.storage.hf import HFStore
@@ -593,3 +595,35 @@ def test_part_size_keeps_huge_files_under_10000_parts() -> None:
         for upload in (False, True):
             part = tuning.part_size_for(size, upload)
             assert -(-size // part) <= 10_000 and part % MiB == 0
+
+
+def test_a_file_stores_upload_stream_tells_each_file_apart(tmp_path: Path) -> None:
+    """A batch of the file store's upload stream: each file is told its own outcome (a source
+    that is gone as it is, a key that cannot be stored as a typed error), the others are
+    stored whole, and no temporary file is left in the store."""
+    store = open_store((tmp_path / "store").as_uri())
+    store.write_bytes("taken", b"an object")  # so "taken/inside" cannot be a file
+    source = tmp_path / "source"
+    source.mkdir()
+    contents = {"first": b"one" * 1000, "last": b""}
+    for name, data in contents.items():
+        (source / name).write_bytes(data)
+    batch = [
+        Upload(source / "first", "batch/first"),
+        Upload(source / "gone", "batch/gone"),
+        Upload(source / "first", "taken/inside"),
+        Upload(source / "last", "batch/last"),
+    ]
+    handed = iter([batch])
+    told: dict[str, str | Exception] = {}
+    store.upload_stream(
+        lambda: next(handed, None), lambda u, outcome: told.update({u.key: outcome})
+    )
+    for name, data in contents.items():
+        assert told[f"batch/{name}"] == hashlib.sha256(data).hexdigest()
+        assert store.read_bytes(f"batch/{name}") == data
+    gone = told["batch/gone"]
+    assert isinstance(gone, FileNotFoundError) and not isinstance(gone, NotFoundError)
+    assert isinstance(told["taken/inside"], KeyConflictError)
+    assert [info.key for info in store.list()] == ["batch/first", "batch/last", "taken"]
+    assert not [p for p in (tmp_path / "store").rglob("*") if p.name.endswith(".tmp")]

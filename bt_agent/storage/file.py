@@ -7,12 +7,28 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bt_agent.errors import AccessDeniedError, KeyConflictError, NotFoundError, StoreError
-from bt_agent.storage.base import CHUNK, Fetched, ObjectInfo, ObjectStore
+from bt_agent.storage.base import (
+    CHUNK,
+    Fetched,
+    Finished,
+    ObjectInfo,
+    ObjectStore,
+    U,
+    Upload,
+    Wanted,
+)
 from bt_agent.storage.keys import local_path
+
+#: Files up to this size go through the batch paths (:meth:`FileStore.upload_stream`,
+#: :meth:`FileStore.download_batch`).
+BATCH_MAX_SIZE = 1024 * 1024
+#: Threads that make a batch durable: enough for the file system to commit fsyncs together.
+SYNC_THREADS = 8
 
 
 class FileStore(ObjectStore):
@@ -138,32 +154,105 @@ class FileStore(ObjectStore):
             self.uri(key),
         )
 
-    def _place(self, key: str, fill: Callable[[Path], object], if_absent: bool) -> bool:
-        """Write a unique temporary file beside the target, fsync, then rename it into place
-        (or hard-link it, which fails if the target exists, for ``if_absent``)."""
+    def _temp_for(self, key: str) -> tuple[Path, Path]:
+        """The path of ``key`` and a unique temporary file beside it, made empty."""
         target = self.path(key)
+        self._make_parents(target, key)
+        fd, name = tempfile.mkstemp(
+            prefix=f".{target.name}.{uuid.uuid4().hex[:6]}.", suffix=".tmp", dir=target.parent
+        )
+        os.close(fd)
+        return target, Path(name)
+
+    def _into_place(self, tmp: Path, target: Path, key: str, if_absent: bool) -> bool:
+        """fsync ``tmp``, then rename it into place (or hard-link it, which fails if the
+        target exists, for ``if_absent``); the temporary name is gone after."""
         try:
-            self._make_parents(target, key)
-            fd, name = tempfile.mkstemp(
-                prefix=f".{target.name}.{uuid.uuid4().hex[:6]}.", suffix=".tmp", dir=target.parent
-            )
-            os.close(fd)
-            tmp = Path(name)
+            with open(tmp, "rb") as handle:
+                os.fsync(handle.fileno())
+            if not if_absent:
+                if target.is_dir():
+                    raise self._conflict(key, key)
+                os.replace(tmp, target)
+                return True
+            try:
+                os.link(tmp, target)
+            except FileExistsError:
+                return False
+            return True
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _place(self, key: str, fill: Callable[[Path], object], if_absent: bool) -> bool:
+        """Write a unique temporary file beside the target, fsync, then put it in place."""
+        try:
+            target, tmp = self._temp_for(key)
             try:
                 fill(tmp)
-                with open(tmp, "rb") as handle:
-                    os.fsync(handle.fileno())
-                if not if_absent:
-                    if target.is_dir():
-                        raise self._conflict(key, key)
-                    os.replace(tmp, target)
-                    return True
-                try:
-                    os.link(tmp, target)
-                except FileExistsError:
-                    return False
-                return True
-            finally:
+            except BaseException:
                 tmp.unlink(missing_ok=True)
+                raise
+            return self._into_place(tmp, target, key, if_absent)
         except OSError as exc:
             raise self._error(exc, key) from exc
+
+    # --- many small files at once ---------------------------------------------------------------
+
+    def batch_max_size(self) -> int:
+        return BATCH_MAX_SIZE
+
+    def download_batch(self, wanted: Iterator[Wanted], finished: Finished) -> None:
+        """One file after another from one thread (many threads would spend their time
+        waiting for each other on files this small)."""
+        for item in wanted:
+            try:
+                self.place(item, self._read(item.expected.key), None)
+            except Exception as exc:
+                finished(item, exc)
+                return
+            finished(item, None)
+
+    def upload_stream(
+        self,
+        take: Callable[[], Sequence[U] | None],
+        finished: Callable[[U, str | Exception], None],
+    ) -> None:
+        """Each batch is written to temporary files from this thread, then made durable and
+        renamed into place by a few threads at once, so that the file system commits the
+        fsyncs together: nothing is in place before its bytes are on disk."""
+        with ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="bt-fsync") as pool:
+            while (batch := take()) is not None:
+                written = [self._write_temp(item) for item in batch]
+                for item, outcome in zip(
+                    batch, pool.map(self._settle, batch, written), strict=True
+                ):
+                    finished(item, outcome)
+
+    def _write_temp(self, item: Upload) -> tuple[Path, Path, str] | Exception:
+        """``item`` copied to a temporary file beside its key: (target, temporary file,
+        sha256), or why not (an error of the source file as it is: the caller tells a file
+        that is gone from a store that failed)."""
+        try:
+            data = item.path.read_bytes()
+        except OSError as exc:
+            return exc
+        try:
+            target, tmp = self._temp_for(item.key)
+            tmp.write_bytes(data)
+        except StoreError as exc:
+            return exc
+        except OSError as exc:
+            return self._error(exc, item.key)
+        return target, tmp, hashlib.sha256(data).hexdigest()
+
+    def _settle(self, item: Upload, written: tuple[Path, Path, str] | Exception) -> str | Exception:
+        if isinstance(written, Exception):
+            return written
+        target, tmp, digest = written
+        try:
+            self._into_place(tmp, target, item.key, if_absent=False)
+        except StoreError as exc:
+            return exc
+        except OSError as exc:
+            return self._error(exc, item.key)
+        return digest
