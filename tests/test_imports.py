@@ -1,8 +1,10 @@
 """Start-up discipline: importing the CLI pulls in no storage SDK, torch or pydantic, and
-importing any module of the package has no side effects."""
+importing any module of the package has no side effects. Structure: no two modules import
+each other, even only for type checking."""
 
 from __future__ import annotations
 
+import ast
 import json
 import pkgutil
 import subprocess
@@ -45,3 +47,44 @@ def test_every_module_imports_without_side_effects(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout == "" and done.stderr == ""
     assert list(tmp_path.iterdir()) == [], "importing created files"
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """The package's modules that ``path`` imports anywhere (lazily, or for type checking)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bt_agent"):
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                found.add(full if full in modules else str(node.module))
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in modules)
+    return found
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    root = Path(bt_agent.__file__).parent
+    paths = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {name: _imports(path, set(paths)) - {name} for name, path in paths.items()}
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            name = todo.pop()
+            if name == goal:
+                return True
+            if name not in seen:
+                seen.add(name)
+                todo.extend(graph.get(name, ()))
+        return False
+
+    cycles = sorted(
+        f"{name} -> {other}"
+        for name, imported in graph.items()
+        for other in imported
+        if other in graph and reaches(other, name)
+    )
+    assert not cycles, cycles

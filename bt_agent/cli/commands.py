@@ -21,7 +21,8 @@ from bt_agent.secrets import resolve as resolve_secrets
 from bt_agent.settings import CONFIG_PYTHON_VARIABLE, SPEC_VARIABLE, Environ
 from bt_agent.spec.loader import load
 from bt_agent.storage import open_store
-from bt_agent.supervisor.job import JobPlan, JobRunner
+from bt_agent.supervisor.job import JobRunner
+from bt_agent.supervisor.plan import JobPlan
 
 FOLLOW_INTERVAL_SECONDS = 0.5
 PROGRESS_SECONDS = 1.0  # between the lines of `store reindex`'s progress

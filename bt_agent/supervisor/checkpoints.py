@@ -7,31 +7,42 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bt_agent.catalog import Catalog
+from bt_agent.context import NodeContext
 from bt_agent.errors import StagingError
 from bt_agent.log import AgentLog, format_bytes
 from bt_agent.records import UploadTotals
-from bt_agent.settings import METRICS_PORT_VARIABLE
+from bt_agent.settings import METRICS_PORT_VARIABLE, Environ
 from bt_agent.supervisor import tree
 
 if TYPE_CHECKING:
     from bt_agent.sidecar import Sidecar, SidecarSettings
     from bt_agent.sidecar.metrics import MetricsServer
-    from bt_agent.supervisor.job import JobPlan
 
 
 class CheckpointUploads:
+    """The checkpoint sidecar as a job's phases see it: started before the commands, told of
+    the processes that end, drained at the end. ``enabled``: the spec's
+    ``checkpointing_config.enabled``; ``directory``: the checkpoint dir on this node."""
+
     def __init__(
         self,
-        plan: JobPlan,
+        enabled: bool,
+        directory: Path,
+        context: NodeContext,
+        environ: Environ,
         catalog: Catalog,
         log: AgentLog,
         on_commit: Callable[[], None],
         reaped: Callable[[int], int | None] | None = None,
     ) -> None:
-        self.plan = plan
+        self.enabled = enabled
+        self.directory = directory
+        self.context = context
+        self.environ = environ
         self.reaped = reaped
         self.catalog = catalog
         self.log = log
@@ -39,10 +50,6 @@ class CheckpointUploads:
         self.sidecar: Sidecar | None = None
         self._metrics: MetricsServer | None = None
         self._settings: SidecarSettings | None = None
-
-    @property
-    def enabled(self) -> bool:
-        return self.plan.spec.job.runtime.checkpointing_config.enabled
 
     def totals(self) -> UploadTotals | None:
         return self.sidecar.stats.totals() if self.sidecar is not None else None
@@ -57,8 +64,8 @@ class CheckpointUploads:
         from bt_agent.sidecar.memory import return_large_buffers
         from bt_agent.sidecar.uploader import Owner
 
-        ctx = self.plan.context
-        self._settings = SidecarSettings.from_environ(self.plan.environ)
+        ctx = self.context
+        self._settings = SidecarSettings.from_environ(self.environ)
         return_large_buffers()
         try:
             journal = Journal(
@@ -68,7 +75,7 @@ class CheckpointUploads:
                 ctx.node_rank,
             )
             sidecar = Sidecar(
-                CheckpointDir(self.plan.dirs.checkpoints),
+                CheckpointDir(self.directory),
                 self.catalog,
                 Owner(ctx.project, ctx.job_id, ctx.node_rank),
                 journal,
@@ -85,7 +92,7 @@ class CheckpointUploads:
         self._serve_metrics(sidecar)
 
     def _serve_metrics(self, sidecar: Sidecar) -> None:
-        port = self.plan.environ.get(METRICS_PORT_VARIABLE)
+        port = self.environ.get(METRICS_PORT_VARIABLE)
         if port is None:
             return
         from bt_agent.sidecar.metrics import MetricsServer
@@ -140,7 +147,7 @@ class CheckpointUploads:
     def _warn_unsaved(self) -> None:
         if self.enabled:
             return
-        directory = self.plan.dirs.checkpoints
+        directory = self.directory
         with contextlib.suppress(OSError):
             if directory.is_dir() and any(directory.iterdir()):
                 self.log.warning(

@@ -18,25 +18,21 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TextIO
 
 from bt_agent.catalog import Catalog
-from bt_agent.context import NodeContext
-from bt_agent.env import ChildEnvironment, JobDirs
 from bt_agent.errors import DurabilityError, StagingError, TransientStoreError
 from bt_agent.log import AgentLog, counted, format_bytes
 from bt_agent.records import CommandResult, JobRecord, JobStatus, NodeRecord, now_iso
-from bt_agent.secrets import Secrets
-from bt_agent.settings import DEFAULT_OUTAGE_SECONDS, STORE_OUTAGE_VARIABLE, Environ
-from bt_agent.spec.loader import LoadedSpec
+from bt_agent.settings import DEFAULT_OUTAGE_SECONDS, STORE_OUTAGE_VARIABLE
 from bt_agent.storage.retry import retry_for
 from bt_agent.supervisor import tree
 from bt_agent.supervisor.checkpoints import CheckpointUploads
 from bt_agent.supervisor.claim import NodeClaim
 from bt_agent.supervisor.code import IGNORE_FILE, copy_code
 from bt_agent.supervisor.output import OutputPump
+from bt_agent.supervisor.plan import JobPlan, Outcome
 from bt_agent.supervisor.process import Child, describe_exit, exit_status, signal_name
 from bt_agent.supervisor.reaper import Reaper, become_subreaper
 from bt_agent.supervisor.reporter import StoreReporter
@@ -51,30 +47,6 @@ RECORDS_RESERVE_SECONDS = 1.0
 #: The last records are written until this long before the grace period ends.
 RECORDS_MARGIN_SECONDS = 0.3
 _RANK_DIR = re.compile(r"rank-\d+")
-#: Never copied from the code directory into the working directory.
-
-
-@dataclass(frozen=True)
-class JobPlan:
-    """Everything decided before anything is created: a valid spec on a valid node."""
-
-    spec: LoadedSpec
-    context: NodeContext
-    env: ChildEnvironment
-    secrets: Secrets
-    code_dir: Path | None = None  # copied into the working dir, as the platform extracts code
-    environ: Environ = field(default_factory=lambda: Environ({}))
-
-    @property
-    def dirs(self) -> JobDirs:
-        return JobDirs.for_job(self.spec.job, self.context)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    status: JobStatus
-    exit_code: int
-    reason: str | None = None
 
 
 class StopRequested(Exception):
@@ -100,7 +72,14 @@ class JobRunner:
         self._child: Child | None = None
         self._pumps: list[OutputPump] = []
         self._checkpoints = CheckpointUploads(
-            plan, catalog, self.log, self._write_node, self.reaper.recent_status
+            plan.spec.job.runtime.checkpointing_config.enabled,
+            plan.dirs.checkpoints,
+            plan.context,
+            plan.environ,
+            catalog,
+            self.log,
+            self._write_node,
+            self.reaper.recent_status,
         )
         self._claim = NodeClaim(catalog, plan.context)
         self._record_lock = threading.Lock()
