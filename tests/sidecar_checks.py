@@ -7,7 +7,7 @@ import hashlib
 import sys
 from typing import Any
 
-from conftest import BIN
+from helpers import BIN
 
 from bt_agent.catalog import Catalog, checkpoint_prefix
 from bt_agent.catalog.layout import commits_index, parse_commit_entry

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import servers
-from conftest import Agent
 from fault_proxy import FaultProxy
+from helpers import Agent
 from sidecar_checks import FAST, WRITER, ckpt_job, indexed_checkpoints
 
 from bt_agent.catalog import Catalog

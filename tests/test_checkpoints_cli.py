@@ -10,7 +10,7 @@ import json
 
 import pytest
 import servers
-from conftest import Agent, trainer_job
+from helpers import Agent, trainer_job
 
 FAST = {"BT_CHECKPOINT_QUIET_SECONDS": "0.3"}
 

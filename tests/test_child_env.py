@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conftest import Agent, job_with
+from helpers import Agent, job_with
 
 from bt_agent.context import project_id
 

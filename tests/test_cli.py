@@ -9,7 +9,7 @@ import os
 import socket
 
 import pytest
-from conftest import Agent, job_with
+from helpers import Agent, job_with
 from spec_cases import INVALID, job
 
 from bt_agent.log import format_bytes

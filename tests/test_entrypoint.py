@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import Agent, job_with, run_entrypoint
+from helpers import Agent, job_with, run_entrypoint
 
 
 def test_entrypoint_runs_the_job_from_bt_job_spec(agent: Agent) -> None:

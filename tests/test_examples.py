@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import servers
-from conftest import REPO, Agent, finish, run_entrypoint, wait_for
+from helpers import REPO, Agent, finish, run_entrypoint, wait_for
 
 from bt_agent.catalog import Catalog
 from bt_agent.settings import Environ

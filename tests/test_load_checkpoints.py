@@ -8,7 +8,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from conftest import Agent
+from helpers import Agent
 
 from bt_agent.catalog import Catalog, checkpoint_prefix
 from bt_agent.records import JobRecord, Manifest, ManifestFile

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import REPO
+from helpers import REPO
 
 
 def _tool(name: str, *args: str) -> subprocess.CompletedProcess[str]:

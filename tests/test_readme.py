@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from conftest import REPO, Agent
+from helpers import REPO, Agent
 
 README = (REPO / "README.md").read_text()
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import require
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from spec_cases import FULL_EXAMPLE, INVALID, OURS_ONLY, VALID
@@ -24,10 +25,7 @@ from bt_agent.spec.loader import load
 from bt_agent.spec.models import TRAINING_JOB
 from bt_agent.spec.schema import INVALID as BAD
 
-definitions = pytest.importorskip(
-    "truss_train.definitions",
-    reason="the SDK parity tests need truss: pip install -e '.[test]'",
-)
+definitions = require("truss_train.definitions", "pip install -e '.[test]'")
 
 
 def sdk_accepts(data: Any) -> bool:

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 import servers
-from conftest import Agent, finish, marked_processes, small_tmpfs, wait_for
 from fault_proxy import FaultProxy
+from helpers import Agent, finish, marked_processes, small_tmpfs, wait_for
 from sidecar_checks import FAST, WRITER, assert_store_holds, ckpt_job, manifests
 
 from bt_agent.settings import Environ

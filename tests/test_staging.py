@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import servers
-from conftest import Agent
 from fault_proxy import FaultProxy
+from helpers import Agent
 
 from bt_agent.errors import UnsafeKeyError
 from bt_agent.spec.models import WeightsSource
@@ -325,7 +325,7 @@ def test_sigterm_while_staging(
 ) -> None:
     import signal
 
-    from conftest import finish, wait_for
+    from helpers import finish, wait_for
 
     env = _env(agent, s3_server, hf_server)
     # Enough files that staging takes a while even in batches.

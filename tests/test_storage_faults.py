@@ -8,7 +8,6 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,13 +22,6 @@ from bt_agent.storage.retry import RetryPolicy, retry
 from bt_agent.storage.s3 import S3Store
 
 MiB = 1024 * 1024
-
-
-@pytest.fixture
-def own_s3(tmp_path: Path) -> Iterator[servers.SeaweedFS]:
-    server = servers.seaweedfs(tmp_path)
-    yield server
-    server.stop()
 
 
 def _store(server: servers.SeaweedFS, policy: RetryPolicy) -> S3Store:

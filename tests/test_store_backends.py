@@ -6,7 +6,7 @@ import uuid
 from pathlib import Path
 
 import servers
-from conftest import Agent, job_with
+from helpers import Agent, job_with
 
 
 def _run_and_view(agent: Agent, store: str, env: dict[str, str]) -> None:

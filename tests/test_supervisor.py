@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import BIN, Agent, finish, job_with, wait_for
+from helpers import BIN, Agent, finish, job_with, wait_for
 
 PY = sys.executable
 

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,18 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import BIN, Agent, finish, job_with, wait_for
+import servers
+from helpers import BIN, Agent, finish, job_with, require, wait_for
 
-pytest.importorskip("torch", reason="torchrun tests need torch: pip install torch==2.13.0")
+require("torch", "pip install torch==2.13.0")
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 TRAIN = f"{BIN}/ddp_train.py"
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_sigterm_reaches_every_torchrun_worker(agent: Agent) -> None:
@@ -36,7 +30,7 @@ def test_sigterm_reaches_every_torchrun_worker(agent: Agent) -> None:
         start_commands=[f"{TORCHRUN} --nproc-per-node=2 {TRAIN}"],
         environment_variables={
             "WAIT_FOR_SIGTERM": str(marker),
-            "PET_MASTER_PORT": str(free_port()),
+            "PET_MASTER_PORT": str(servers.free_port()),
         },
     )
     process = agent.start(job, "--grace-period", "20")
@@ -73,7 +67,7 @@ def _check_two_nodes(agent: Agent, job_id: str) -> None:
 
 
 def test_two_node_torchrun_on_loopback(agent: Agent) -> None:
-    job = _two_node_job(free_port())
+    job = _two_node_job(servers.free_port())
     processes = [
         agent.start(
             job,

@@ -295,6 +295,8 @@ class JobRunner:
         return Outcome(JobStatus.COMPLETED, 0)
 
     def _run_one(self, index: int, command: str, log_file: IO[str]) -> int:
+        self.relay.deliver()  # what came before has gone to whom it could reach
+        stopped_before = self.relay.stop_signal  # what comes after goes to the command
         try:
             child = Child.spawn(command, self.plan.env.values, self.plan.dirs.working)
         except OSError as exc:
@@ -307,8 +309,8 @@ class JobRunner:
         pump.attach(child.process.stdout, self.out)  # type: ignore[arg-type]
         pump.attach(child.process.stderr, self.err)  # type: ignore[arg-type]
         self._pumps.append(pump)
-        if self.relay.stop_signal is not None:  # a stop arrived while it was starting
-            self._forward(self.relay.stop_signal)
+        if stopped_before is not None:  # a stop arrived while it was starting
+            self._forward(stopped_before)
         code = self._wait_for(child)
         self._child = None
         status = exit_status(code)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import servers
-from conftest import Agent, small_tmpfs, trainer_job
+from helpers import Agent, small_tmpfs, trainer_job
 
 from bt_agent.catalog import Catalog
 from bt_agent.settings import Environ

@@ -8,7 +8,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from conftest import Agent, trainer_job
+from helpers import Agent, trainer_job
 
 from bt_agent.catalog import Catalog, checkpoint_prefix
 from bt_agent.settings import Environ

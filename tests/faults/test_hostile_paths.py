@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import servers
-from conftest import Agent
+from helpers import Agent
 
 # Field path in the spec -> where the value goes in the job.
 FIELDS = {

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Agent
+from helpers import Agent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 import servers
-from conftest import BIN, Agent, marked_processes, wait_for
+from helpers import BIN, Agent, marked_processes, wait_for
 from sidecar_checks import indexed_checkpoints
 
 from bt_agent.catalog import Catalog, checkpoint_prefix

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import servers
-from conftest import Agent, trainer_job
+from helpers import Agent, trainer_job
 
 from bt_agent.catalog import Catalog, checkpoint_prefix
 from bt_agent.settings import Environ

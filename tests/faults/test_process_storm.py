@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import time
 
-from conftest import BIN, Agent, job_with, marked_processes, process_tree
+from helpers import BIN, Agent, job_with, marked_processes, process_tree
 
 STORM = 1000
 COUNT_ZOMBIES = "ps -o stat= --ppid $PPID | grep -c '^Z' || true"

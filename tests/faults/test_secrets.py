@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import servers
-from conftest import Agent
+from helpers import Agent
 
 TOKEN = f"hf_{uuid.uuid4().hex}SECRETTOKEN"
 WRONG_KEY = f"wrong{uuid.uuid4().hex}SECRETKEY"
@@ -107,7 +107,7 @@ print("done", flush=True)
 
 
 def test_multiline_secrets_and_values_across_reads_are_masked(agent: Agent) -> None:
-    from conftest import trainer_job
+    from helpers import trainer_job
 
     key = _pem("tls")
     inner = _pem("service-account")

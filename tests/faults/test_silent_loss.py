@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conftest import Agent, trainer_job
+from helpers import Agent, trainer_job
 from sidecar_checks import FAST, ckpt_job, manifests
 
 from bt_agent.settings import Environ

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 import servers
-from conftest import BIN, Agent, finish, marked_processes, wait_for
+from helpers import BIN, Agent, finish, marked_processes, wait_for
 
 # Long enough for a stop during staging, which is heard only between the store's own quick
 # retries (up to about 4 s against a source that refuses connections; see RELIABILITY.md).

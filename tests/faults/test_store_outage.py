@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import servers
-from conftest import Agent, finish, wait_for
+from helpers import Agent, finish, wait_for
 from sidecar_checks import FAST, WRITER, assert_store_holds, ckpt_job, manifests
 
 from bt_agent.catalog import Catalog, checkpoint_prefix

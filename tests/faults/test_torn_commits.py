@@ -17,7 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from conftest import Agent, finish, marked_processes, trainer_job, wait_for
+from helpers import Agent, finish, marked_processes, trainer_job, wait_for
 from sidecar_checks import FAST, manifests
 
 from bt_agent.settings import Environ
