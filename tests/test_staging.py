@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import servers
 from fault_proxy import FaultProxy
-from helpers import Agent
+from helpers import Agent, wait_for
 
 from bt_agent.errors import UnsafeKeyError
 from bt_agent.spec.models import WeightsSource
@@ -343,19 +343,21 @@ def test_sigterm_while_staging(
 
 def test_progress_lines_say_bytes_rate_and_eta() -> None:
     import io
-    import time
 
     from bt_agent.log import AgentLog
     from bt_agent.staging.progress import Progress
 
+    now = [100.0]
     buffer = io.StringIO()
-    with Progress("weights[0]", 100_000_000, AgentLog(buffer), None, interval=0.05) as progress:
-        for _ in range(4):
-            progress.add(10_000_000)
-            time.sleep(0.06)
+    progress = Progress("weights[0]", 100_000_000, AgentLog(buffer), None, clock=lambda: now[0])
+    progress.add(40_000_000)
+    now[0] += 4
+    assert progress.line() == "weights[0]: 40.0 of 100.0 MB (40%), 10.0 MB/s, ETA 6 s"
+    with Progress("weights[1]", 100, AgentLog(buffer), None, interval=0.01) as reporting:
+        reporting.add(50)
+        wait_for(lambda: "weights[1]: " in buffer.getvalue(), 10, "a progress line")
     lines = buffer.getvalue().splitlines()
-    assert lines and all(line.startswith("bt-agent: weights[0]: ") for line in lines)
-    assert "of 100.0 MB" in lines[-1] and "MB/s, ETA " in lines[-1]
+    assert all(line.startswith("bt-agent: weights[1]: ") for line in lines)
 
 
 def test_gs_r2_and_https_sources(

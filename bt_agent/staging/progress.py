@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 from bt_agent.log import AgentLog
@@ -13,6 +14,9 @@ INTERVAL_SECONDS = 5.0
 
 
 class Progress:
+    """Counts bytes as they are added (:meth:`add`, from any thread) and, between ``with`` and
+    its end, reports them every ``interval`` seconds; ``clock`` is what rates are timed by."""
+
     def __init__(
         self,
         what: str,
@@ -20,16 +24,18 @@ class Progress:
         log: AgentLog,
         stream: TextIO | None = None,
         interval: float = INTERVAL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.what = what
         self.total = total
         self.log = log
         self.stream = stream
         self.interval = interval
+        self.clock = clock
         self.done = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._started = time.monotonic()
+        self._started = clock()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="bt-progress")
 
     def __enter__(self) -> Progress:
@@ -52,7 +58,7 @@ class Progress:
             self.done += size
 
     def line(self) -> str:
-        elapsed = max(time.monotonic() - self._started, 1e-6)
+        elapsed = max(self.clock() - self._started, 1e-6)
         rate = self.done / elapsed
         left = (self.total - self.done) / rate if rate > 0 else float("inf")
         eta = f"{left:,.0f} s" if left != float("inf") else "?"
