@@ -3,14 +3,16 @@
 Field names, defaults and strictness follow the SDK exactly (REFERENCE.md §1): objects are strict
 with unknown keys forbidden, except where the SDK itself is lax (``WeightsSource`` and
 ``WeightsAuth`` keep unknown keys; an accelerator's ``"count": "8"`` is taken as 8; an auth
-method is upper-cased). Checks the SDK does not make (overlapping directories, unsupported
-references) live in ``checks``; secrets are resolved in ``bt_agent.secrets``.
+method is upper-cased). Each type is declared once: its fields carry their validators
+(``s.rule``) and its object validator is derived from them (``s.schema_for``). Checks the SDK
+does not make (overlapping directories, unsupported references) live in ``checks``; secrets are
+resolved in ``bt_agent.secrets``.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from typing import Any
 
 from bt_agent.errors import Problem
@@ -21,12 +23,30 @@ SUPPORTED_SCHEMES = (*CLOUD_SCHEMES, "hf://", "https://")
 DEFAULT_CHECKPOINT_DIR = "/mnt/ckpts"  # ours: the docs name /tmp/training_checkpoints too
 DEFAULT_LOAD_DIR = "/tmp/loaded_checkpoints"
 
+Found = list[tuple[str, str, str]]
+
+
+def _text(default: Any = MISSING, min_length: int = 0) -> Any:
+    """A string field: required without a default, else also null."""
+    if default is MISSING:
+        return s.rule(s.string(min_length))
+    return s.rule(s.nullable(s.string(min_length)), default)
+
+
+_STR_LIST = s.list_of(s.string())
+
+
+# --- secrets and accelerators -------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class SecretReference:
     """``{"name": ...}``: the value of the workspace secret with that name."""
 
-    name: str
+    name: str = _text()
+
+
+SECRET_REFERENCE = s.schema_for(SecretReference)
 
 
 class Accelerator(str, enum.Enum):
@@ -49,9 +69,32 @@ class Accelerator(str, enum.Enum):
 
 @dataclass(frozen=True)
 class AcceleratorSpec:
-    accelerator: Accelerator | None = None
-    count: int = 1
+    accelerator: Accelerator | None = s.rule(s.nullable(s.choice(Accelerator)), None)
+    count: int = s.rule(s.integer(minimum=0, lax=True), 1)
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+_ACCELERATOR_OBJECT = s.schema_for(AcceleratorSpec, extra="allow")
+
+
+def _accelerator_string(value: str) -> Any:
+    name, _, count = value.strip().partition(":")
+    if name not in Accelerator._value2member_map_:
+        known = ", ".join(a.value for a in Accelerator)
+        return ("unsupported accelerator type " + repr(name), f"use one of: {known}")
+    if count and (not count.isdigit() or int(count) <= 0):
+        return (f"invalid count {count!r} in {value!r}", "write a positive integer, as in 'H100:8'")
+    return AcceleratorSpec(Accelerator(name), int(count or 1))
+
+
+def _accelerator(value: Any, path: str, problems: list[Problem]) -> Any:
+    if isinstance(value, str):
+        parsed = _accelerator_string(value)
+        if isinstance(parsed, tuple):
+            problems.append(Problem(path, *parsed))
+            return s.INVALID
+        return parsed
+    return _ACCELERATOR_OBJECT(value, path, problems)
 
 
 class AvailabilityModel(str, enum.Enum):
@@ -61,11 +104,13 @@ class AvailabilityModel(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Compute:
-    node_count: int = 1
-    cpu_count: int = 1
-    memory: str = "2Gi"
-    accelerator: AcceleratorSpec | None = None
-    availability_model: AvailabilityModel = AvailabilityModel.DEDICATED
+    node_count: int = s.rule(s.integer(), 1)
+    cpu_count: int = s.rule(s.integer(), 1)
+    memory: str = s.rule(s.string(), "2Gi")
+    accelerator: AcceleratorSpec | None = s.rule(s.nullable(_accelerator), None)
+    availability_model: AvailabilityModel = s.rule(
+        s.choice(AvailabilityModel), AvailabilityModel.DEDICATED
+    )
 
     @property
     def gpu_count(self) -> int:
@@ -73,67 +118,132 @@ class Compute:
         return accel.count if accel is not None and accel.accelerator is not None else 0
 
 
-@dataclass(frozen=True)
+# --- checkpoints --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
 class LatestCheckpoint:
     """``baseten_latest_checkpoint``. Neither field set: the current job's project (ours)."""
 
-    job_id: str | None = None
-    project_name: str | None = None
-    typ: str = "baseten_latest_checkpoint"
+    typ: str = s.rule(s.string(), "baseten_latest_checkpoint")
+    job_id: str | None = _text(None)
+    project_name: str | None = _text(None)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NamedCheckpoint:
-    checkpoint_name: str
-    job_id: str
-    typ: str = "baseten_named_checkpoint"
+    typ: str = s.rule(s.string(), "baseten_named_checkpoint")
+    checkpoint_name: str = _text()
+    job_id: str = _text()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LoopsCheckpoint:
     """Accepted by the SDK; bt-agent cannot load it and says so in ``checks``."""
 
-    run_id: str
-    checkpoint_name: str
-    target: str = "trainer"
-    typ: str = "loops_checkpoint"
+    typ: str = s.rule(s.string(), "loops_checkpoint")
+    run_id: str = _text()
+    checkpoint_name: str = _text()
+    target: str = s.rule(s.string(), "trainer")
 
 
 CheckpointReference = LatestCheckpoint | NamedCheckpoint | LoopsCheckpoint
 
+CHECKPOINT_SCHEMAS: dict[str, s.Validator] = {
+    "baseten_latest_checkpoint": s.schema_for(LatestCheckpoint),
+    "baseten_named_checkpoint": s.schema_for(NamedCheckpoint),
+    "loops_checkpoint": s.schema_for(LoopsCheckpoint),
+}
+
+
+def _checkpoint_tag(value: Any) -> str | None:
+    if not isinstance(value, dict):
+        return None
+    typ = value.get("typ", "baseten_latest_checkpoint")
+    return typ if isinstance(typ, str) else None
+
+
+def _unknown_checkpoint(value: Any) -> tuple[str, str]:
+    kinds = ", ".join(CHECKPOINT_SCHEMAS)
+    if not isinstance(value, dict):
+        return (
+            f"expected a checkpoint reference object, got {s.describe(value)}",
+            f'write {{"typ": ..., ...}} with typ one of: {kinds}',
+        )
+    return (f"unknown checkpoint reference typ {value.get('typ')!r}", f"use one of: {kinds}")
+
 
 @dataclass(frozen=True)
 class LoadCheckpointConfig:
-    enabled: bool = False
-    checkpoints: list[CheckpointReference] = field(default_factory=lambda: [LatestCheckpoint()])
-    download_folder: str = DEFAULT_LOAD_DIR
+    enabled: bool = s.rule(s.boolean(), False)
+    checkpoints: list[CheckpointReference] = s.rule(
+        s.list_of(s.tagged(_checkpoint_tag, CHECKPOINT_SCHEMAS, _unknown_checkpoint)),
+        default_factory=lambda: [LatestCheckpoint()],
+    )
+    download_folder: str = s.rule(s.string(), DEFAULT_LOAD_DIR)
 
 
 @dataclass(frozen=True)
 class CheckpointingConfig:
-    enabled: bool = False
-    checkpoint_path: str | None = None
-    volume_size_gib: int | None = None
+    enabled: bool = s.rule(s.boolean(), False)
+    checkpoint_path: str | None = _text(None)
+    volume_size_gib: int | None = s.rule(s.nullable(s.integer()), None)
+
+
+# --- the runtime --------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class CacheConfig:
-    enabled: bool = False
-    enable_legacy_hf_mount: bool = False
-    require_cache_affinity: bool = True
-    mount_base_path: str = "/root/.cache"
+    enabled: bool = s.rule(s.boolean(), False)
+    enable_legacy_hf_mount: bool = s.rule(s.boolean(), False)
+    require_cache_affinity: bool = s.rule(s.boolean(), True)
+    mount_base_path: str = s.rule(s.string(), "/root/.cache")
+
+
+def _env_tag(value: Any) -> str | None:
+    return "secret" if isinstance(value, dict) else "str" if isinstance(value, str) else None
+
+
+def _bad_env_value(value: Any) -> tuple[str, str]:
+    return (
+        f"expected a string or a secret reference, got {s.describe(value)}",
+        'write a string in quotes, or {"name": "<secret name>"} for a secret',
+    )
+
+
+def _one_cache_setting(raw: dict[str, Any]) -> Found:
+    if raw.get("enable_cache") is not None and raw.get("cache_config") is not None:
+        return [
+            (
+                "enable_cache",
+                "enable_cache and cache_config are both set",
+                "remove enable_cache (deprecated) and use cache_config with enabled=true "
+                "and enable_legacy_hf_mount=true",
+            )
+        ]
+    return []
 
 
 @dataclass(frozen=True)
 class Runtime:
-    start_commands: list[str] = field(default_factory=list)
-    environment_variables: dict[str, str | SecretReference] = field(default_factory=dict)
-    enable_cache: bool | None = None
-    checkpointing_config: CheckpointingConfig = field(default_factory=CheckpointingConfig)
-    load_checkpoint_config: LoadCheckpointConfig | None = None
-    cache_config: CacheConfig | None = None
+    start_commands: list[str] = s.rule(_STR_LIST, default_factory=list)
+    environment_variables: dict[str, str | SecretReference] = s.rule(
+        s.dict_of(
+            s.tagged(_env_tag, {"str": s.string(), "secret": SECRET_REFERENCE}, _bad_env_value)
+        ),
+        default_factory=dict,
+    )
+    enable_cache: bool | None = s.rule(s.nullable(s.boolean()), None)
+    checkpointing_config: CheckpointingConfig = s.rule(
+        s.schema_for(CheckpointingConfig), default_factory=CheckpointingConfig
+    )
+    load_checkpoint_config: LoadCheckpointConfig | None = s.rule(
+        s.nullable(s.schema_for(LoadCheckpointConfig)), None
+    )
+    cache_config: CacheConfig | None = s.rule(s.nullable(s.schema_for(CacheConfig)), None)
     # Wire-only: the deploy step adds the uploaded code here. Kept, never interpreted.
-    artifacts: list[Any] | None = None
+    artifacts: list[Any] | None = s.rule(s.nullable(s.list_of(s.any_json())), None)
 
     @property
     def cache(self) -> CacheConfig:
@@ -158,6 +268,12 @@ class Runtime:
         return list(config.checkpoints) if config is not None and config.enabled else []
 
 
+RUNTIME = s.schema_for(Runtime, before=_one_cache_setting)
+
+
+# --- weights ------------------------------------------------------------------------------------
+
+
 class WeightsAuthMethod(str, enum.Enum):
     CUSTOM_SECRET = "CUSTOM_SECRET"
     AWS_OIDC = "AWS_OIDC"
@@ -175,144 +291,35 @@ AUTH_FIELDS: dict[WeightsAuthMethod, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class WeightsAuth:
-    auth_method: WeightsAuthMethod
-    auth_secret_name: str | None = None
-    aws_oidc_role_arn: str | None = None
-    aws_oidc_region: str | None = None
-    gcp_oidc_service_account: str | None = None
-    gcp_oidc_workload_id_provider: str | None = None
-    aws_assume_role_arn: str | None = None
-    aws_assume_role_region: str | None = None
+    auth_method: WeightsAuthMethod = s.rule(s.choice(WeightsAuthMethod, upper=True))
+    auth_secret_name: str | None = _text(None)
+    aws_oidc_role_arn: str | None = _text(None)
+    aws_oidc_region: str | None = _text(None)
+    gcp_oidc_service_account: str | None = _text(None)
+    gcp_oidc_workload_id_provider: str | None = _text(None)
+    aws_assume_role_arn: str | None = _text(None)
+    aws_assume_role_region: str | None = _text(None)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class WeightsSource:
-    source: str
-    mount_location: str
-    auth: WeightsAuth | None = None
-    auth_secret_name: str | None = None
-    allow_patterns: list[str] | None = None
-    ignore_patterns: list[str] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def scheme(self) -> str:
-        return self.source.split("://", 1)[0]
-
-    @property
-    def secret_name(self) -> str | None:
-        if self.auth_secret_name:
-            return self.auth_secret_name
-        return self.auth.auth_secret_name if self.auth is not None else None
+def _auth_fields_match_method(auth: WeightsAuth) -> Found:
+    required = AUTH_FIELDS[auth.auth_method]
+    others = {f for fields in AUTH_FIELDS.values() for f in fields} - set(required)
+    method = auth.auth_method.value
+    found: Found = [
+        (name, f"must be provided when auth_method is {method}", "add it")
+        for name in required
+        if getattr(auth, name) in (None, "")
+    ]
+    found += [
+        (name, f"cannot be specified when auth_method is {method}", "remove it")
+        for name in sorted(others)
+        if getattr(auth, name) not in (None, "")
+    ]
+    return found
 
 
-class DockerAuthType(str, enum.Enum):
-    GCP_SERVICE_ACCOUNT_JSON = "GCP_SERVICE_ACCOUNT_JSON"
-    AWS_IAM = "AWS_IAM"
-    AWS_OIDC = "AWS_OIDC"
-    GCP_OIDC = "GCP_OIDC"
-    REGISTRY_SECRET = "REGISTRY_SECRET"
-    AWS_ASSUME_ROLE = "AWS_ASSUME_ROLE"
-
-
-DOCKER_AUTH_FIELDS = {
-    DockerAuthType.AWS_IAM: "aws_iam_docker_auth",
-    DockerAuthType.AWS_OIDC: "aws_oidc_docker_auth",
-    DockerAuthType.AWS_ASSUME_ROLE: "aws_assume_role_docker_auth",
-    DockerAuthType.GCP_OIDC: "gcp_oidc_docker_auth",
-    DockerAuthType.GCP_SERVICE_ACCOUNT_JSON: "gcp_service_account_json_docker_auth",
-    DockerAuthType.REGISTRY_SECRET: "registry_secret_docker_auth",
-}
-
-
-@dataclass(frozen=True)
-class Image:
-    base_image: str
-    # Registry credentials are the platform's business: validated as the SDK does, not used.
-    docker_auth: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class Workspace:
-    workspace_root: str | None = None
-    external_dirs: list[str] = field(default_factory=list)
-    exclude_dirs: list[str] = field(default_factory=list)
-
-
-class SessionTrigger(str, enum.Enum):
-    ON_STARTUP = "on_startup"
-    ON_FAILURE = "on_failure"
-    ON_DEMAND = "on_demand"
-
-
-class SessionProvider(str, enum.Enum):
-    VS_CODE = "vs_code"
-    CURSOR = "cursor"
-    SSH = "ssh"
-
-
-class SessionAuthProvider(str, enum.Enum):
-    GITHUB = "github"
-    MICROSOFT = "microsoft"
-
-
-@dataclass(frozen=True)
-class InteractiveSession:
-    trigger: SessionTrigger = SessionTrigger.ON_DEMAND
-    timeout_minutes: int = 8 * 60
-    session_provider: SessionProvider = SessionProvider.VS_CODE
-    auth_provider: SessionAuthProvider = SessionAuthProvider.MICROSOFT
-
-
-@dataclass(frozen=True)
-class TrainingJob:
-    """One training job: image, compute, runtime and BDN weights."""
-
-    image: Image
-    compute: Compute = field(default_factory=Compute)
-    runtime: Runtime = field(default_factory=Runtime)
-    interactive_session: InteractiveSession | None = None
-    name: str | None = None
-    priority: int | None = None
-    workspace: Workspace | None = None
-    weights: list[WeightsSource] = field(default_factory=list)
-    enable_baseten_workdir: bool = True
-
-
-# --- validation rules (mirroring the SDK's validators) ------------------------------------------
-
-Found = list[tuple[str, str, str]]
-
-
-def _accelerator_string(value: str) -> Any:
-    name, _, count = value.strip().partition(":")
-    if name not in Accelerator._value2member_map_:
-        known = ", ".join(a.value for a in Accelerator)
-        return ("unsupported accelerator type " + repr(name), f"use one of: {known}")
-    if count and (not count.isdigit() or int(count) <= 0):
-        return (f"invalid count {count!r} in {value!r}", "write a positive integer, as in 'H100:8'")
-    return AcceleratorSpec(Accelerator(name), int(count or 1))
-
-
-_ACCELERATOR_OBJECT = s.ObjectSchema(
-    AcceleratorSpec,
-    {
-        "accelerator": s.Field(s.nullable(s.choice(Accelerator)), None),
-        "count": s.Field(s.integer(minimum=0, lax=True), 1),
-    },
-    extra="allow",
-)
-
-
-def _accelerator(value: Any, path: str, problems: list[Problem]) -> Any:
-    if isinstance(value, str):
-        parsed = _accelerator_string(value)
-        if isinstance(parsed, tuple):
-            problems.append(Problem(path, *parsed))
-            return s.INVALID
-        return parsed
-    return _ACCELERATOR_OBJECT(value, path, problems)
+WEIGHTS_AUTH = s.schema_for(WeightsAuth, extra="allow", checks=(_auth_fields_match_method,))
 
 
 def _source_rule(value: str) -> tuple[str, str] | None:
@@ -345,6 +352,27 @@ def _absolute_rule(value: str) -> tuple[str, str] | None:
     )
 
 
+@dataclass(frozen=True)
+class WeightsSource:
+    source: str = s.rule(s.refined(s.string(1), _source_rule))
+    mount_location: str = s.rule(s.refined(s.string(1), _absolute_rule))
+    auth: WeightsAuth | None = s.rule(s.nullable(WEIGHTS_AUTH), None)
+    auth_secret_name: str | None = _text(None)
+    allow_patterns: list[str] | None = s.rule(s.nullable(_STR_LIST), None)
+    ignore_patterns: list[str] | None = s.rule(s.nullable(_STR_LIST), None)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def scheme(self) -> str:
+        return self.source.split("://", 1)[0]
+
+    @property
+    def secret_name(self) -> str | None:
+        if self.auth_secret_name:
+            return self.auth_secret_name
+        return self.auth.auth_secret_name if self.auth is not None else None
+
+
 def _one_secret_name(weights: WeightsSource) -> Found:
     if weights.auth_secret_name and weights.auth is not None and weights.auth.auth_secret_name:
         return [
@@ -357,34 +385,29 @@ def _one_secret_name(weights: WeightsSource) -> Found:
     return []
 
 
-def _auth_fields_match_method(auth: WeightsAuth) -> Found:
-    required = AUTH_FIELDS[auth.auth_method]
-    others = {f for fields in AUTH_FIELDS.values() for f in fields} - set(required)
-    method = auth.auth_method.value
-    found: Found = [
-        (name, f"must be provided when auth_method is {method}", "add it")
-        for name in required
-        if getattr(auth, name) in (None, "")
-    ]
-    found += [
-        (name, f"cannot be specified when auth_method is {method}", "remove it")
-        for name in sorted(others)
-        if getattr(auth, name) not in (None, "")
-    ]
-    return found
+WEIGHTS_SOURCE = s.schema_for(WeightsSource, extra="allow", checks=(_one_secret_name,))
 
 
-def _one_cache_setting(raw: dict[str, Any]) -> Found:
-    if raw.get("enable_cache") is not None and raw.get("cache_config") is not None:
-        return [
-            (
-                "enable_cache",
-                "enable_cache and cache_config are both set",
-                "remove enable_cache (deprecated) and use cache_config with enabled=true "
-                "and enable_legacy_hf_mount=true",
-            )
-        ]
-    return []
+# --- the image ----------------------------------------------------------------------------------
+
+
+class DockerAuthType(str, enum.Enum):
+    GCP_SERVICE_ACCOUNT_JSON = "GCP_SERVICE_ACCOUNT_JSON"
+    AWS_IAM = "AWS_IAM"
+    AWS_OIDC = "AWS_OIDC"
+    GCP_OIDC = "GCP_OIDC"
+    REGISTRY_SECRET = "REGISTRY_SECRET"
+    AWS_ASSUME_ROLE = "AWS_ASSUME_ROLE"
+
+
+DOCKER_AUTH_FIELDS = {
+    DockerAuthType.AWS_IAM: "aws_iam_docker_auth",
+    DockerAuthType.AWS_OIDC: "aws_oidc_docker_auth",
+    DockerAuthType.AWS_ASSUME_ROLE: "aws_assume_role_docker_auth",
+    DockerAuthType.GCP_OIDC: "gcp_oidc_docker_auth",
+    DockerAuthType.GCP_SERVICE_ACCOUNT_JSON: "gcp_service_account_json_docker_auth",
+    DockerAuthType.REGISTRY_SECRET: "registry_secret_docker_auth",
+}
 
 
 def _docker_auth_fields_match_method(auth: dict[str, Any]) -> Found:
@@ -401,47 +424,9 @@ def _docker_auth_fields_match_method(auth: dict[str, Any]) -> Found:
     return found
 
 
-def _checkpoint_tag(value: Any) -> str | None:
-    if not isinstance(value, dict):
-        return None
-    typ = value.get("typ", "baseten_latest_checkpoint")
-    return typ if isinstance(typ, str) else None
-
-
-def _unknown_checkpoint(value: Any) -> tuple[str, str]:
-    kinds = ", ".join(CHECKPOINT_SCHEMAS)
-    if not isinstance(value, dict):
-        return (
-            f"expected a checkpoint reference object, got {s.describe(value)}",
-            f'write {{"typ": ..., ...}} with typ one of: {kinds}',
-        )
-    return (f"unknown checkpoint reference typ {value.get('typ')!r}", f"use one of: {kinds}")
-
-
-def _env_tag(value: Any) -> str | None:
-    return "secret" if isinstance(value, dict) else "str" if isinstance(value, str) else None
-
-
-def _bad_env_value(value: Any) -> tuple[str, str]:
-    return (
-        f"expected a string or a secret reference, got {s.describe(value)}",
-        'write a string in quotes, or {"name": "<secret name>"} for a secret',
-    )
-
-
-def _str_field(default: Any = s.INVALID, min_length: int = 0) -> s.Field:
-    if default is s.INVALID:
-        return s.Field(s.string(min_length))
-    return s.Field(s.nullable(s.string(min_length)), default)
-
-
-_STR_LIST = s.list_of(s.string())
-
-SECRET_REFERENCE = s.ObjectSchema(SecretReference, {"name": s.Field(s.string())})
-
-
 def _plain(**fields: s.Validator) -> s.Validator:
-    """A strict object of required fields, kept as a dict."""
+    """A strict object of required fields, kept as a dict (registry credentials are the
+    platform's business: validated as the SDK does, never used)."""
     return s.nullable(s.ObjectSchema(dict, {k: s.Field(v) for k, v in fields.items()}))
 
 
@@ -450,7 +435,7 @@ DOCKER_AUTH: s.ObjectSchema[dict[str, Any]] = s.ObjectSchema(
     dict,
     {
         "auth_method": s.Field(s.choice(DockerAuthType)),
-        "registry": _str_field(),
+        "registry": s.Field(s.string()),
         "aws_iam_docker_auth": s.Field(
             _plain(
                 access_key_secret_ref=SECRET_REFERENCE,
@@ -471,187 +456,65 @@ DOCKER_AUTH: s.ObjectSchema[dict[str, Any]] = s.ObjectSchema(
     checks=(_docker_auth_fields_match_method,),
 )
 
-CHECKPOINT_SCHEMAS: dict[str, s.Validator] = {
-    "baseten_latest_checkpoint": s.ObjectSchema(
-        LatestCheckpoint,
-        {
-            "typ": s.Field(s.string(), "baseten_latest_checkpoint"),
-            "job_id": _str_field(None),
-            "project_name": _str_field(None),
-        },
-    ),
-    "baseten_named_checkpoint": s.ObjectSchema(
-        NamedCheckpoint,
-        {
-            "typ": s.Field(s.string(), "baseten_named_checkpoint"),
-            "checkpoint_name": _str_field(),
-            "job_id": _str_field(),
-        },
-    ),
-    "loops_checkpoint": s.ObjectSchema(
-        LoopsCheckpoint,
-        {
-            "typ": s.Field(s.string(), "loops_checkpoint"),
-            "run_id": _str_field(),
-            "checkpoint_name": _str_field(),
-            "target": s.Field(s.string(), "trainer"),
-        },
-    ),
-}
 
-WEIGHTS_AUTH = s.ObjectSchema(
-    WeightsAuth,
-    {
-        "auth_method": s.Field(s.choice(WeightsAuthMethod, upper=True)),
-        **{
-            name: _str_field(None)
-            for name in (
-                "auth_secret_name",
-                "aws_oidc_role_arn",
-                "aws_oidc_region",
-                "gcp_oidc_service_account",
-                "gcp_oidc_workload_id_provider",
-                "aws_assume_role_arn",
-                "aws_assume_role_region",
-            )
-        },
-    },
-    extra="allow",
-    checks=(_auth_fields_match_method,),
-)
+@dataclass(frozen=True)
+class Image:
+    base_image: str = _text()
+    docker_auth: dict[str, Any] | None = s.rule(s.nullable(DOCKER_AUTH), None)
 
-WEIGHTS_SOURCE = s.ObjectSchema(
-    WeightsSource,
-    {
-        "source": s.Field(s.refined(s.string(1), _source_rule)),
-        "mount_location": s.Field(s.refined(s.string(1), _absolute_rule)),
-        "auth": s.Field(s.nullable(WEIGHTS_AUTH), None),
-        "auth_secret_name": _str_field(None),
-        "allow_patterns": s.Field(s.nullable(_STR_LIST), None),
-        "ignore_patterns": s.Field(s.nullable(_STR_LIST), None),
-    },
-    extra="allow",
-    checks=(_one_secret_name,),
-)
 
-RUNTIME = s.ObjectSchema(
-    Runtime,
-    {
-        "start_commands": s.Field(_STR_LIST, default_factory=list),
-        "environment_variables": s.Field(
-            s.dict_of(
-                s.tagged(_env_tag, {"str": s.string(), "secret": SECRET_REFERENCE}, _bad_env_value)
-            ),
-            default_factory=dict,
-        ),
-        "enable_cache": s.Field(s.nullable(s.boolean()), None),
-        "checkpointing_config": s.Field(
-            s.ObjectSchema(
-                CheckpointingConfig,
-                {
-                    "enabled": s.Field(s.boolean(), False),
-                    "checkpoint_path": _str_field(None),
-                    "volume_size_gib": s.Field(s.nullable(s.integer()), None),
-                },
-            ),
-            default_factory=CheckpointingConfig,
-        ),
-        "load_checkpoint_config": s.Field(
-            s.nullable(
-                s.ObjectSchema(
-                    LoadCheckpointConfig,
-                    {
-                        "enabled": s.Field(s.boolean(), False),
-                        "checkpoints": s.Field(
-                            s.list_of(
-                                s.tagged(_checkpoint_tag, CHECKPOINT_SCHEMAS, _unknown_checkpoint)
-                            ),
-                            default_factory=lambda: [LatestCheckpoint()],
-                        ),
-                        "download_folder": s.Field(s.string(), DEFAULT_LOAD_DIR),
-                    },
-                )
-            ),
-            None,
-        ),
-        "cache_config": s.Field(
-            s.nullable(
-                s.ObjectSchema(
-                    CacheConfig,
-                    {
-                        "enabled": s.Field(s.boolean(), False),
-                        "enable_legacy_hf_mount": s.Field(s.boolean(), False),
-                        "require_cache_affinity": s.Field(s.boolean(), True),
-                        "mount_base_path": s.Field(s.string(), "/root/.cache"),
-                    },
-                )
-            ),
-            None,
-        ),
-        "artifacts": s.Field(s.nullable(s.list_of(s.any_json())), None),
-    },
-    before=_one_cache_setting,
-)
+# --- the job ------------------------------------------------------------------------------------
 
-TRAINING_JOB: s.ObjectSchema[TrainingJob] = s.ObjectSchema(
-    TrainingJob,
-    {
-        "image": s.Field(
-            s.ObjectSchema(
-                Image,
-                {"base_image": _str_field(), "docker_auth": s.Field(s.nullable(DOCKER_AUTH), None)},
-            )
-        ),
-        "compute": s.Field(
-            s.ObjectSchema(
-                Compute,
-                {
-                    "node_count": s.Field(s.integer(), 1),
-                    "cpu_count": s.Field(s.integer(), 1),
-                    "memory": s.Field(s.string(), "2Gi"),
-                    "accelerator": s.Field(s.nullable(_accelerator), None),
-                    "availability_model": s.Field(
-                        s.choice(AvailabilityModel), AvailabilityModel.DEDICATED
-                    ),
-                },
-            ),
-            default_factory=Compute,
-        ),
-        "runtime": s.Field(RUNTIME, default_factory=Runtime),
-        "interactive_session": s.Field(
-            s.nullable(
-                s.ObjectSchema(
-                    InteractiveSession,
-                    {
-                        "trigger": s.Field(s.choice(SessionTrigger), SessionTrigger.ON_DEMAND),
-                        "timeout_minutes": s.Field(s.integer(), 8 * 60),
-                        "session_provider": s.Field(
-                            s.choice(SessionProvider), SessionProvider.VS_CODE
-                        ),
-                        "auth_provider": s.Field(
-                            s.choice(SessionAuthProvider), SessionAuthProvider.MICROSOFT
-                        ),
-                    },
-                )
-            ),
-            None,
-        ),
-        "name": _str_field(None),
-        "priority": s.Field(s.nullable(s.integer()), None),
-        "workspace": s.Field(
-            s.nullable(
-                s.ObjectSchema(
-                    Workspace,
-                    {
-                        "workspace_root": _str_field(None),
-                        "external_dirs": s.Field(_STR_LIST, default_factory=list),
-                        "exclude_dirs": s.Field(_STR_LIST, default_factory=list),
-                    },
-                )
-            ),
-            None,
-        ),
-        "weights": s.Field(s.list_of(WEIGHTS_SOURCE), default_factory=list),
-        "enable_baseten_workdir": s.Field(s.boolean(), True),
-    },
-)
+
+@dataclass(frozen=True)
+class Workspace:
+    workspace_root: str | None = _text(None)
+    external_dirs: list[str] = s.rule(_STR_LIST, default_factory=list)
+    exclude_dirs: list[str] = s.rule(_STR_LIST, default_factory=list)
+
+
+class SessionTrigger(str, enum.Enum):
+    ON_STARTUP = "on_startup"
+    ON_FAILURE = "on_failure"
+    ON_DEMAND = "on_demand"
+
+
+class SessionProvider(str, enum.Enum):
+    VS_CODE = "vs_code"
+    CURSOR = "cursor"
+    SSH = "ssh"
+
+
+class SessionAuthProvider(str, enum.Enum):
+    GITHUB = "github"
+    MICROSOFT = "microsoft"
+
+
+@dataclass(frozen=True)
+class InteractiveSession:
+    trigger: SessionTrigger = s.rule(s.choice(SessionTrigger), SessionTrigger.ON_DEMAND)
+    timeout_minutes: int = s.rule(s.integer(), 8 * 60)
+    session_provider: SessionProvider = s.rule(s.choice(SessionProvider), SessionProvider.VS_CODE)
+    auth_provider: SessionAuthProvider = s.rule(
+        s.choice(SessionAuthProvider), SessionAuthProvider.MICROSOFT
+    )
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    """One training job: image, compute, runtime and BDN weights."""
+
+    image: Image = s.rule(s.schema_for(Image))
+    compute: Compute = s.rule(s.schema_for(Compute), default_factory=Compute)
+    runtime: Runtime = s.rule(RUNTIME, default_factory=Runtime)
+    interactive_session: InteractiveSession | None = s.rule(
+        s.nullable(s.schema_for(InteractiveSession)), None
+    )
+    name: str | None = _text(None)
+    priority: int | None = s.rule(s.nullable(s.integer()), None)
+    workspace: Workspace | None = s.rule(s.nullable(s.schema_for(Workspace)), None)
+    weights: list[WeightsSource] = s.rule(s.list_of(WEIGHTS_SOURCE), default_factory=list)
+    enable_baseten_workdir: bool = s.rule(s.boolean(), True)
+
+
+TRAINING_JOB: s.ObjectSchema[TrainingJob] = s.schema_for(TrainingJob)

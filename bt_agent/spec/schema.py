@@ -7,10 +7,14 @@ module's verdicts against the real SDK.
 
 Each validator is a callable ``(value, path, problems) -> converted value | INVALID``. It appends a
 :class:`~bt_agent.errors.Problem` for each thing wrong and never raises for bad input.
+
+A type is declared once, as a dataclass whose fields carry their validators (:func:`rule`);
+:func:`schema_for` derives the object's validator from it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import enum
 import json
@@ -342,3 +346,37 @@ def tagged(
         return members[tag](value, path, problems)
 
     return check
+
+
+_RULE = "bt_agent.spec.rule"
+
+
+def rule(
+    validator: Validator,
+    default: Any = dataclasses.MISSING,
+    default_factory: Any = dataclasses.MISSING,
+) -> Any:
+    """A dataclass field checked by ``validator``; optional as its default says."""
+    return dataclasses.field(
+        default=default, default_factory=default_factory, metadata={_RULE: validator}
+    )
+
+
+def schema_for(
+    cls: type[T],
+    extra: str = "forbid",
+    before: Callable[[dict[str, Any]], list[tuple[str, str, str]]] | None = None,
+    checks: tuple[Check, ...] = (),
+) -> ObjectSchema[T]:
+    """The validator of a JSON object that becomes a ``cls``, from its fields' rules (with
+    ``extra="allow"``, unknown keys go to its ``extra`` field)."""
+    fields: dict[str, Field] = {}
+    for spec in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if extra == "allow" and spec.name == "extra":
+            continue
+        fields[spec.name] = Field(
+            spec.metadata[_RULE],
+            _MISSING if spec.default is dataclasses.MISSING else spec.default,
+            None if spec.default_factory is dataclasses.MISSING else spec.default_factory,
+        )
+    return ObjectSchema(cls, fields, extra, before, checks)
