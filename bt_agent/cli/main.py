@@ -113,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--code-dir",
         metavar="DIR",
         help="copy this directory into the working dir before the commands run "
-        "(default with --node-root: the spec's directory; else nothing)",
+        "(default with --node-root: the spec's directory; else nothing); a .btignore file "
+        "there names what to leave out, in .gitignore syntax",
     )
 
     validate = commands.add_parser(
