@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import servers
+from helpers import small_tmpfs
 
 from bt_agent.errors import (
     AccessDeniedError,
@@ -627,3 +628,25 @@ def test_a_file_stores_upload_stream_tells_each_file_apart(tmp_path: Path) -> No
     assert isinstance(told["taken/inside"], KeyConflictError)
     assert [info.key for info in store.list()] == ["batch/first", "batch/last", "taken"]
     assert not [p for p in (tmp_path / "store").rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_a_file_stores_upload_stream_on_a_full_disk_leaves_no_temporary_file(
+    tmp_path: Path,
+) -> None:
+    """Files that do not fit are told their error; nothing half-written stays in the store."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for index in range(4):
+        (source / f"part-{index}").write_bytes(payload(700_000, seed=index))
+    with small_tmpfs(tmp_path / "store", "1m") as root:
+        store = open_store(root.as_uri())
+        handed = iter([[Upload(path, f"full/{path.name}") for path in sorted(source.iterdir())]])
+        told: dict[str, str | Exception] = {}
+
+        def tell(upload: Upload, outcome: str | Exception) -> None:
+            told[upload.key] = outcome
+
+        store.upload_stream(lambda: next(handed, None), tell)
+        failed = [key for key, outcome in told.items() if isinstance(outcome, Exception)]
+        assert len(told) == 4 and failed, told
+        assert not [p for p in root.rglob("*") if p.name.endswith(".tmp")]

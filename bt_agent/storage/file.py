@@ -238,10 +238,14 @@ class FileStore(ObjectStore):
             return exc
         try:
             target, tmp = self._temp_for(item.key)
-            tmp.write_bytes(data)
         except StoreError as exc:
             return exc
         except OSError as exc:
+            return self._error(exc, item.key)
+        try:
+            tmp.write_bytes(data)
+        except OSError as exc:  # a full disk: no temporary file left behind
+            tmp.unlink(missing_ok=True)
             return self._error(exc, item.key)
         return target, tmp, hashlib.sha256(data).hexdigest()
 
