@@ -183,6 +183,12 @@ VALID: dict[str, dict[str, Any]] = {
     ),
     "https": job(weights=[{"source": "https://example.com/model.bin", "mount_location": "/m"}]),
     "hf-revision": weights(source="hf://owner/repo@v1.0"),
+    "bt-references": job(
+        weights=[
+            {"source": "bt://gvpql31/latest", "mount_location": "/app/latest"},
+            {"source": "bt://gvpql31/checkpoint-20?rank=1", "mount_location": "/app/shard"},
+        ]
+    ),
     "interactive": job(interactive_session={"trigger": "on_startup", "timeout_minutes": 60}),
     "workspace": job(workspace={"workspace_root": "..", "exclude_dirs": ["data"]}),
     "priority": job(priority=5, enable_baseten_workdir=False),
@@ -294,6 +300,10 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
     "hf-empty": (weights(source="hf://"), "weights[0].source"),
     "https-empty": (weights(source="https://"), "weights[0].source"),
     "source-empty": (weights(source=""), "weights[0].source"),
+    "bt-no-checkpoint": (weights(source="bt://gvpql31"), "weights[0].source"),
+    "bt-nested-name": (weights(source="bt://gvpql31/a/b"), "weights[0].source"),
+    "bt-bad-rank": (weights(source="bt://gvpql31/latest?rank=-1"), "weights[0].source"),
+    "bt-unknown-parameter": (weights(source="bt://gvpql31/latest?node=1"), "weights[0].source"),
     "mount-relative": (weights(mount_location="models/q"), "weights[0].mount_location"),
     "mount-missing": ({**job(), "weights": [{"source": "hf://a/b"}]}, "weights[0].mount_location"),
     "auth-method-unknown": (
@@ -387,6 +397,9 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
 }
 
 # Mistakes the SDK lets through and bt-agent reports (excluded from the parity test's "agree").
+# Valid specs the SDK refuses: our extensions (bt:// weights sources, REFERENCE.md §1).
+EXTENSIONS = {"bt-references"}
+
 OURS_ONLY = {
     "node-count-zero",
     "named-bad-name",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from bt_agent.errors import Problem
 from bt_agent.settings import AGENT_STATE_DIR, NODE_CACHE_CONTAINER_DIR
+from bt_agent.spec.bt_uri import checkpoint_name_problem
 from bt_agent.spec.models import (
     LoopsCheckpoint,
     NamedCheckpoint,
@@ -221,11 +222,12 @@ def _reference_problems(job: TrainingJob) -> list[Problem]:
             )
         if isinstance(ref, NamedCheckpoint):
             name = ref.checkpoint_name
-            if not name or "/" in name or name in (".", "..") or "\0" in name:
+            bad_name = checkpoint_name_problem(name)
+            if bad_name is not None:
                 problems.append(
                     Problem(
                         f"{field}.checkpoint_name",
-                        f"{name!r} is not a checkpoint name",
+                        bad_name,
                         "give the top-level directory name, e.g. checkpoint-20",
                     )
                 )

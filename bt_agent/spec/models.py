@@ -17,9 +17,11 @@ from typing import Any
 
 from bt_agent.errors import Problem
 from bt_agent.spec import schema as s
+from bt_agent.spec.bt_uri import SCHEME as BT_SCHEME
+from bt_agent.spec.bt_uri import BadCheckpointURI, parse_checkpoint_uri
 
 CLOUD_SCHEMES = ("s3://", "gs://", "azure://", "r2://", "cw://")
-SUPPORTED_SCHEMES = (*CLOUD_SCHEMES, "hf://", "https://")
+SUPPORTED_SCHEMES = (*CLOUD_SCHEMES, "hf://", "https://", BT_SCHEME)  # bt:// is ours
 DEFAULT_CHECKPOINT_DIR = "/mnt/ckpts"  # ours: the docs name /tmp/training_checkpoints too
 DEFAULT_LOAD_DIR = "/tmp/loaded_checkpoints"
 
@@ -330,6 +332,12 @@ def _source_rule(value: str) -> tuple[str, str] | None:
     rest = value[len(scheme) :]
     if scheme not in SUPPORTED_SCHEMES:
         return (f"unsupported source scheme {scheme!r}", f"use one of: {schemes}")
+    if scheme == BT_SCHEME:
+        try:
+            parse_checkpoint_uri(value)
+        except BadCheckpointURI as exc:
+            return (exc.problem, exc.hint)
+        return None
     name = scheme[:-3].upper()
     forms = {"https://": "https://hostname/path", "hf://": "hf://owner/repo[@revision]"}
     if not rest or rest.startswith("/"):

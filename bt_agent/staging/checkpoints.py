@@ -92,10 +92,7 @@ class CheckpointLoader:
         raise StagingError(f"{ref.typ} references cannot be loaded by bt-agent")
 
     def _project_of(self, job_id: str, project: str | None) -> str:
-        try:
-            found = self.catalog.project_of(job_id)
-        except NotFoundError:
-            raise StagingError(f"no job {job_id!r} in the store {self.catalog.store.url}") from None
+        found = job_project(self.catalog, job_id)
         if project is not None and project != found:
             raise StagingError(f"job {job_id!r} belongs to project {found!r}, not {project!r}")
         return found
@@ -206,12 +203,17 @@ def download_checkpoint(
         shutil.rmtree(partial, ignore_errors=True)
 
 
-def find_manifest(catalog: Catalog, job_id: str, checkpoint: str, rank: int = 0) -> Manifest:
-    """A committed checkpoint by name; the error lists the ones that exist."""
+def job_project(catalog: Catalog, job_id: str) -> str:
+    """The project of ``job_id``; :class:`StagingError` when the store has no such job."""
     try:
-        project = catalog.project_of(job_id)
+        return catalog.project_of(job_id)
     except NotFoundError:
         raise StagingError(f"no job {job_id!r} in the store {catalog.store.url}") from None
+
+
+def find_manifest(catalog: Catalog, job_id: str, checkpoint: str, rank: int = 0) -> Manifest:
+    """A committed checkpoint by name; the error lists the ones that exist."""
+    project = job_project(catalog, job_id)
     manifests = catalog.manifests(project, job_id, rank)
     for manifest in manifests:
         if manifest.checkpoint == checkpoint:

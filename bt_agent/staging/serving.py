@@ -1,6 +1,7 @@
 """The serving side: stage the checkpoints a ``DeployCheckpointsConfig`` names into the layout a
-serving container reads, ``<download_folder>/<training_job_id>/rank-0/<checkpoint>/``
-(REFERENCE.md §4), with the same verification as loading."""
+serving container reads, ``<download_folder>/<training_job_id>/rank-<N>/<checkpoint>/``
+(REFERENCE.md §4; rank 0 unless a ``bt://`` reference asks for another), with the same
+verification as loading."""
 
 from __future__ import annotations
 
@@ -11,21 +12,17 @@ from typing import Any
 
 from bt_agent.catalog import Catalog
 from bt_agent.errors import Problem, SpecError
-from bt_agent.staging.checkpoints import download_checkpoint, find_manifest
+from bt_agent.spec.bt_uri import BadCheckpointURI, CheckpointURI, parse_checkpoint_uri
+from bt_agent.staging.checkpoints import download_checkpoint
+from bt_agent.staging.trained import resolve
 
 DEFAULT_SERVING_FOLDER = "/tmp/training_checkpoints"
 
 
 @dataclass(frozen=True)
-class ServingCheckpoint:
-    job_id: str
-    name: str
-
-
-@dataclass(frozen=True)
 class CheckpointList:
     download_folder: str
-    checkpoints: list[ServingCheckpoint]
+    checkpoints: list[CheckpointURI]
 
 
 def _text(data: dict[str, Any], names: tuple[str, ...], path: str, problems: list[Problem]) -> str:
@@ -39,7 +36,8 @@ def _text(data: dict[str, Any], names: tuple[str, ...], path: str, problems: lis
 
 def parse(text: str, origin: str) -> CheckpointList:
     """A ``DeployCheckpointsConfig`` (``{"checkpoint_details": ...}``) or a bare
-    ``CheckpointList`` as JSON. A checkpoint's name is ``checkpoint_name`` (or ``name``)."""
+    ``CheckpointList`` as JSON. A checkpoint is an object (``training_job_id`` and
+    ``checkpoint_name``, or ``name``) or a ``bt://`` reference."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -56,7 +54,7 @@ def parse(text: str, origin: str) -> CheckpointList:
                 Problem(
                     f"{prefix}checkpoints",
                     "expected a list of checkpoints",
-                    'give [{"training_job_id": ..., "checkpoint_name": ...}]',
+                    'give [{"training_job_id": ..., "checkpoint_name": ...}] or bt:// references',
                 )
             ],
             origin,
@@ -65,6 +63,12 @@ def parse(text: str, origin: str) -> CheckpointList:
     found = []
     for i, item in enumerate(data["checkpoints"]):
         path = f"{prefix}checkpoints[{i}]"
+        if isinstance(item, str):
+            try:
+                found.append(parse_checkpoint_uri(item))
+            except BadCheckpointURI as exc:
+                problems.append(Problem(path, exc.problem, exc.hint))
+            continue
         if not isinstance(item, dict):
             problems.append(
                 Problem(path, "expected an object", "give training_job_id and checkpoint_name")
@@ -72,7 +76,7 @@ def parse(text: str, origin: str) -> CheckpointList:
             continue
         job_id = _text(item, ("training_job_id",), path, problems)
         name = _text(item, ("checkpoint_name", "name"), path, problems)
-        found.append(ServingCheckpoint(job_id, name))
+        found.append(CheckpointURI(job_id, name))
     if problems:
         raise SpecError(problems, origin)
     folder = data.get("download_folder") or DEFAULT_SERVING_FOLDER
@@ -82,8 +86,8 @@ def parse(text: str, origin: str) -> CheckpointList:
 def download(catalog: Catalog, checkpoints: CheckpointList, folder: Path) -> list[Path]:
     targets = []
     for item in checkpoints.checkpoints:
-        manifest = find_manifest(catalog, item.job_id, item.name, 0)
-        target = folder / item.job_id / "rank-0" / item.name
+        manifest = resolve(catalog, item, None)
+        target = folder / item.job_id / f"rank-{item.rank}" / manifest.checkpoint
         download_checkpoint(catalog, manifest, target)
         targets.append(target)
     return targets

@@ -83,6 +83,15 @@ class _Tally:
 
 
 @dataclass(frozen=True)
+class TrainedCheckpoints:
+    """Where ``bt://`` sources are found: the job's store, and the job that may not load its
+    own checkpoints."""
+
+    store_url: str
+    job_id: str | None = None
+
+
+@dataclass(frozen=True)
 class SourcePlan:
     index: int
     weights: WeightsSource
@@ -137,7 +146,8 @@ def stage_job_weights(
     cache = NodeCache.for_node(host, environ.get(NODE_CACHE_DIR_VARIABLE))
     cluster_dir = environ.get(CLUSTER_CACHE_DIR_VARIABLE)
     cluster = NodeCache(Path(cluster_dir)) if cluster_dir else None
-    stager = WeightsStager(cache, log, environ, secrets.values, host, stopping, cluster)
+    trained = TrainedCheckpoints(context.store_url, context.job_id)
+    stager = WeightsStager(cache, log, environ, secrets.values, host, stopping, cluster, trained)
     plans = stager.stage(job.weights)
     budget = environ.get(NODE_CACHE_MAX_BYTES_VARIABLE)
     if budget and budget.isdigit():
@@ -158,9 +168,11 @@ class WeightsStager:
         mount_path: Callable[[str], Path],
         stopping: Callable[[], bool] = lambda: False,
         cluster: NodeCache | None = None,
+        checkpoints: TrainedCheckpoints | None = None,
     ) -> None:
         self.cache = cache
         self.cluster = cluster
+        self.checkpoints = checkpoints
         self.log = log
         self.environ = environ
         self.secrets = secrets
@@ -191,16 +203,36 @@ class WeightsStager:
         index = plan_or_index.index if isinstance(plan_or_index, SourcePlan) else plan_or_index
         return StagingError(f"weights[{index}] {weights.source}: {exc}")
 
-    def _plan(self, index: int, weights: WeightsSource) -> SourcePlan:
+    def _open(self, index: int, weights: WeightsSource) -> ObjectStore:
+        if weights.scheme == "bt":
+            return self.outage.call(f"weights[{index}]", lambda: self._open_trained(weights))
         secret = self.secrets.get(weights.secret_name) if weights.secret_name else None
+        return open_store(weights.source, self.environ, secret, weights.secret_name or "")
+
+    def _open_trained(self, weights: WeightsSource) -> ObjectStore:
+        from bt_agent.staging.trained import open_checkpoint_source
+
+        where = self.checkpoints
+        if where is None:
+            raise UsageError("bt:// sources need the job's store (--store)")
+        job_store = open_store(where.store_url, self.environ)
+        return open_checkpoint_source(weights.source, job_store, where.job_id)
+
+    def _plan(self, index: int, weights: WeightsSource) -> SourcePlan:
         try:
-            store = open_store(weights.source, self.environ, secret, weights.secret_name or "")
+            store = self._open(index, weights)
+        except (StoreError, StagingError, UsageError) as exc:
+            raise self._fail(index, weights, exc) from exc
+        try:
             mount = self.mount_path(weights.mount_location)
             plan = self.outage.call(
                 f"weights[{index}]", lambda: plan_source(index, weights, store, mount)
             )
-        except (StoreError, UsageError) as exc:
-            raise self._fail(index, weights, exc) from exc
+        except BaseException as exc:
+            store.close()
+            if isinstance(exc, (StoreError, UsageError)):
+                raise self._fail(index, weights, exc) from exc
+            raise
         if not plan.files:
             raise self._fail(
                 index,
