@@ -13,7 +13,16 @@ from pathlib import Path
 
 import bt_agent
 
-HEAVY = ["boto3", "botocore", "google.cloud", "huggingface_hub", "torch", "pydantic", "watchdog"]
+HEAVY = [
+    "boto3",
+    "botocore",
+    "google.cloud",
+    "huggingface_hub",
+    "torch",
+    "pydantic",
+    "watchdog",
+    "textual",
+]
 
 
 def _modules_after(code: str) -> list[str]:

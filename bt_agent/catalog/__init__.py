@@ -241,8 +241,7 @@ class Catalog:
         if rank is not None:
             prefix += f"rank-{rank}/"
         keys = [info.key for info in self.store.list(prefix) if info.key.endswith(".json")]
-        found = concurrently(self._manifest_if_there, keys)
-        return [manifest for manifest in found if manifest is not None]
+        return self._read_manifests(keys)
 
     def _manifest_if_there(self, key: str) -> Manifest | None:
         try:
@@ -292,26 +291,42 @@ class Catalog:
     def recent_manifests(self, project: str | None, limit: int | None) -> list[Manifest]:
         """The commits of the newest jobs (of ``project``, or of the store), newest job
         first, at most ``limit`` of them (every one with None)."""
-        if project is not None and self._indexed():
-            return self._recent_in_project(project, limit)
         found: list[Manifest] = []
-        for jobs in self._job_batches(project):
-            for manifests in concurrently(
-                lambda v: self.manifests(v.job.project, v.job.job_id), jobs
-            ):
-                found.extend(sorted(manifests, key=lambda m: m.created_at, reverse=True))
+        for page in self.manifest_pages(project, limit or IN_FLIGHT):
+            found.extend(page)
             if limit is not None and len(found) >= limit:
                 return found[:limit]
         return found
 
-    def _recent_in_project(self, project: str, limit: int | None) -> list[Manifest]:
+    def manifest_pages(
+        self, project: str | None, size: int = IN_FLIGHT
+    ) -> Iterator[list[Manifest]]:
+        """The commits of the newest jobs, newest job first, a page at a time (about ``size``
+        commits from a project's index; else a few jobs' commits), each page read only once
+        the one before is taken."""
+        if project is not None and self._indexed():
+            yield from self._pages_in_project(project, size)
+            return
+        for jobs in self._job_batches(project):
+            page: list[Manifest] = []
+            for manifests in concurrently(
+                lambda v: self.manifests(v.job.project, v.job.job_id), jobs
+            ):
+                page.extend(sorted(manifests, key=lambda m: m.created_at, reverse=True))
+            yield page
+
+    def _pages_in_project(self, project: str, size: int) -> Iterator[list[Manifest]]:
         keys: list[str] = []
         for job_id, entries in self.index.commits(project):
-            for entry in entries:
-                keys.append(manifest_key(project, job_id, entry.rank, entry.checkpoint))
-            if limit is not None and len(keys) >= limit:
-                break
-        found = concurrently(self._manifest_if_there, keys[:limit])
+            keys.extend(manifest_key(project, job_id, e.rank, e.checkpoint) for e in entries)
+            while len(keys) >= size:
+                yield self._read_manifests(keys[:size])
+                keys = keys[size:]
+        if keys:
+            yield self._read_manifests(keys)
+
+    def _read_manifests(self, keys: list[str]) -> list[Manifest]:
+        found = concurrently(self._manifest_if_there, keys)
         return [manifest for manifest in found if manifest is not None]
 
     def _job_batches(self, project: str | None) -> Iterator[list[JobView]]:

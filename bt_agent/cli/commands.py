@@ -8,7 +8,7 @@ import sys
 import time
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from bt_agent.catalog import Catalog, JobView
 from bt_agent.cli.output import render
@@ -23,6 +23,9 @@ from bt_agent.spec.loader import load
 from bt_agent.storage import open_store
 from bt_agent.supervisor.job import JobRunner
 from bt_agent.supervisor.plan import JobPlan
+
+if TYPE_CHECKING:
+    from bt_agent.browse import CheckpointBrowser
 
 FOLLOW_INTERVAL_SECONDS = 0.5
 PROGRESS_SECONDS = 1.0  # between the lines of `store reindex`'s progress
@@ -192,14 +195,17 @@ def checkpoints(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from bt_agent.browse import CheckpointBrowser
 
     browser = CheckpointBrowser(_catalog(args, Environ.current(), err))
+    if args.checkpoints_command == "browse" or _interactive(args, out):
+        return _browse(browser, args, out)
     if args.checkpoints_command == "list":
         limit = _limit(args)
+        output = args.output or "table"
         rows = [r.to_dict() for r in browser.rows(args.project, args.job_id, args.sort, limit)]
         _say_if_cut(len(rows), limit, "checkpoints", err)
         for row in rows:
-            row["size"] = format_bytes(row["size"]) if args.output == "table" else row["size"]
+            row["size"] = format_bytes(row["size"]) if output == "table" else row["size"]
         listed = ("job_id", "checkpoint", "node", "type", "base_model", "size", "created_at")
-        out.write(render(rows, listed, args.output) + "\n")
+        out.write(render(rows, listed, output) + "\n")
     elif args.checkpoints_command == "files":
         rows = [r.to_dict() for r in browser.files(args.job_id, args.checkpoint)]
         columns = ("checkpoint", "path", "node", "size", "sha256", "url")
@@ -208,6 +214,25 @@ def checkpoints(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         summaries = browser.inspect(args.job_id, args.checkpoint, args.file, args.node)
         _tensors(summaries, args.output, out)
     return 0
+
+
+def _interactive(args: argparse.Namespace, out: TextIO) -> bool:
+    """``checkpoints list`` on a terminal, unless told to print (``-o``, ``--no-interactive``)."""
+    if args.checkpoints_command != "list" or args.output or args.no_interactive:
+        return False
+    return sys.stdin.isatty() and out.isatty()
+
+
+def _browse(browser: CheckpointBrowser, args: argparse.Namespace, out: TextIO) -> int:
+    if not (sys.stdin.isatty() and out.isatty()):
+        raise UsageError(
+            "the checkpoint browser needs a terminal; use `bt-agent checkpoints list -o "
+            "table|json|jsonl|csv` to print the checkpoints instead"
+        )
+    from bt_agent.browse.app import CheckpointsApp
+
+    code = CheckpointsApp(browser, args.project, args.job_id).run()
+    return code or 0
 
 
 def _tensors(summaries: list[Any], fmt: str, out: TextIO) -> None:

@@ -67,15 +67,17 @@ def _add_node_root(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_format(parser: argparse.ArgumentParser, default: str = "table") -> None:
-    from bt_agent.cli.output import FORMATS
+def _add_format(
+    parser: argparse.ArgumentParser, default: str | None = "table", listing: bool = False
+) -> None:
+    from bt_agent.cli.output import FORMATS, LISTING_FORMATS
 
     parser.add_argument(
         "-o",
         "--output",
-        choices=FORMATS,
+        choices=LISTING_FORMATS if listing else FORMATS,
         default=default,
-        help=f"output format (default {default})",
+        help=f"output format (default {default})" if default else "output format",
     )
 
 
@@ -185,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_store(listing)
     listing.add_argument("--project", help="only this project's jobs")
     _add_limit(listing, "jobs")
-    _add_format(listing)
+    _add_format(listing, listing=True)
     view = jobs_commands.add_parser("view", help="one job with every node's record")
     view.add_argument("job_id")
     _add_store(view)
@@ -220,9 +222,10 @@ def _add_checkpoint_browsing(commands: Any) -> None:
 
     listing = commands.add_parser(
         "list",
-        help="committed checkpoints: job, name, node, type, base model, size, created at",
+        help="committed checkpoints: an interactive browser on a terminal, else a table",
         description="Committed checkpoints, newest first; the type (full or lora) and the base "
-        "model are detected from the files.",
+        "model are detected from the files. On a terminal, without -o or --no-interactive, "
+        "this opens the checkpoint browser (as `checkpoints browse` does).",
     )
     listing.add_argument("--project", help="only this project's jobs")
     listing.add_argument("--job-id", help="only this job's checkpoints")
@@ -233,6 +236,23 @@ def _add_checkpoint_browsing(commands: Any) -> None:
         default="created",
         help="created and size: largest first; name and job: in natural order",
     )
+    listing.add_argument(
+        "--no-interactive",
+        action="store_true",
+        help="print the table even on a terminal (as -o does, and as a pipe gets)",
+    )
+    browse = commands.add_parser(
+        "browse",
+        help="browse checkpoints interactively: search, open, preview, download",
+        description="A full-screen browser of the committed checkpoints: type to filter "
+        "(fuzzy), Enter opens a checkpoint's files, Enter on a file previews it (text and "
+        "JSON: the first 64 KiB; .safetensors: its tensors; else size and sha256), c copies "
+        "the store URL, d downloads the checkpoint into ./<job>/rank-<N>/<checkpoint>, Escape "
+        "goes back, q quits. Needs a terminal.",
+    )
+    browse.add_argument("--project", help="only this project's jobs")
+    browse.add_argument("--job-id", help="only this job's checkpoints")
+    _add_store(browse)
     files = commands.add_parser(
         "files", help="a job's checkpoint files: path, node, size, sha256, store URL"
     )
@@ -253,7 +273,9 @@ def _add_checkpoint_browsing(commands: Any) -> None:
     )
     for sub in (listing, files, inspect):
         _add_store(sub)
-        _add_format(sub)
+    _add_format(listing, default=None, listing=True)
+    _add_format(files, listing=True)
+    _add_format(inspect)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""Listings as an aligned table, JSON or CSV (``-o table|json|csv``)."""
+"""Listings as an aligned table, JSON, JSON lines or CSV (``-o table|json|jsonl|csv``)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ from collections.abc import Sequence
 from typing import Any
 
 FORMATS = ("table", "json", "csv")
+LISTING_FORMATS = ("table", "json", "jsonl", "csv")  # a row per line suits long listings
 
 
 def render(rows: Sequence[dict[str, Any]], columns: Sequence[str], fmt: str) -> str:
     if fmt == "json":
         return json.dumps(list(rows), indent=2, sort_keys=False)
+    if fmt == "jsonl":
+        return "\n".join(json.dumps(row) for row in rows)
     if fmt == "csv":
         buffer = io.StringIO()
         writer = csv.DictWriter(

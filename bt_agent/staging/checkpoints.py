@@ -179,10 +179,12 @@ def download_checkpoint(
     target: Path,
     stopping: Callable[[], bool] = lambda: False,
     attempt: Callable[[Callable[[], object]], object] = lambda call: call(),
+    fetched: Callable[[int], None] = lambda size: None,
 ) -> None:
     """Every file of a committed checkpoint into ``target``, each verified against the
     manifest's size and sha256; the directory appears, complete, only at the end. Each file's
-    download is made through ``attempt`` (which may retry it)."""
+    download is made through ``attempt`` (which may retry it); ``fetched(size)`` is told of each
+    file once it is in place."""
     partial = target.with_name(f".{target.name}.loading-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     m = manifest
@@ -195,6 +197,7 @@ def download_checkpoint(
             expected = ObjectInfo(key, entry.size, None, entry.sha256)
             path = partial.joinpath(*entry.path.split("/"))
             attempt(functools.partial(catalog.store.download, key, path, expected))
+            fetched(entry.size)
         if target.exists():
             shutil.rmtree(target)
         partial.mkdir(parents=True, exist_ok=True)  # a checkpoint may hold no file

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -88,6 +89,18 @@ class TensorSummary:
         }
 
 
+def checkpoint_type(manifest: Manifest) -> str:
+    """``lora`` when an adapter's files are there, else ``full``."""
+    names = {f.path for f in manifest.files}
+    return "lora" if any(name in names for name in LORA_FILES) else "full"
+
+
+def object_key(manifest: Manifest, path: str) -> str:
+    """The store key of one file of a committed checkpoint."""
+    m = manifest
+    return f"{checkpoint_prefix(m.project, m.job_id, m.node_rank, m.checkpoint)}/{path}"
+
+
 class CheckpointBrowser:
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
@@ -114,15 +127,24 @@ class CheckpointBrowser:
             manifests = self.catalog.recent_manifests(project, limit)
         return _sorted(concurrently(self._row, manifests), sort)
 
+    def manifest_pages(self, project: str | None, job_id: str | None) -> Iterator[list[Manifest]]:
+        """The committed checkpoints of one job, or of the newest jobs, newest first, a page at
+        a time (each read only once the one before is taken)."""
+        if job_id is None:
+            yield from self.catalog.manifest_pages(project)
+            return
+        manifests = self.catalog.manifests(self.catalog.project_of(job_id), job_id)
+        yield sorted(manifests, key=lambda m: m.created_at, reverse=True)
+
     def _row(self, manifest: Manifest) -> CheckpointRow:
         names = {f.path for f in manifest.files}
-        lora = any(name in names for name in LORA_FILES)
+        lora = checkpoint_type(manifest) == "lora"
         return CheckpointRow(
             job_id=manifest.job_id,
             project=manifest.project,
             checkpoint=manifest.checkpoint,
             node=manifest.node_rank,
-            type="lora" if lora else "full",
+            type=checkpoint_type(manifest),
             base_model=self._base_model(manifest, names, lora),
             size=manifest.size,
             files=len(manifest.files),
@@ -144,10 +166,8 @@ class CheckpointBrowser:
         return value
 
     def _small_json(self, manifest: Manifest, path: str) -> Any:
-        m = manifest
-        key = f"{checkpoint_prefix(m.project, m.job_id, m.node_rank, m.checkpoint)}/{path}"
         try:
-            return json.loads(self.store.read_bytes(key))
+            return json.loads(self.store.read_bytes(object_key(manifest, path)))
         except (StoreError, ValueError):
             return None
 
@@ -157,9 +177,8 @@ class CheckpointBrowser:
         manifests = self._manifests(job_id, checkpoint)
         rows = []
         for m in manifests:
-            prefix = checkpoint_prefix(m.project, m.job_id, m.node_rank, m.checkpoint)
             for entry in m.files:
-                url = self.store.uri(f"{prefix}/{entry.path}")
+                url = self.store.uri(object_key(m, entry.path))
                 rows.append(
                     FileRow(m.checkpoint, entry.path, m.node_rank, entry.size, entry.sha256, url)
                 )
@@ -200,9 +219,7 @@ class CheckpointBrowser:
             chosen = [p for p in paths if p.endswith(".safetensors")]
             if not chosen:
                 raise RecordNotFoundError(f"{checkpoint} of job {job_id} has no .safetensors file")
-        m = manifest
-        prefix = checkpoint_prefix(m.project, m.job_id, m.node_rank, m.checkpoint)
-        return [self.summary(f"{prefix}/{path}", path) for path in chosen]
+        return [self.summary(object_key(manifest, path), path) for path in chosen]
 
     def summary(self, key: str, label: str) -> TensorSummary:
         """The tensors of a ``.safetensors`` object, from its header alone."""
