@@ -16,12 +16,14 @@ import pytest
 import servers
 from fault_proxy import FaultProxy
 from helpers import Agent, require, trainer_job
+from textual.widgets import ProgressBar
 
 from bt_agent.browse import CheckpointBrowser
-from bt_agent.browse.app import CheckpointList, CheckpointsApp, CheckpointView
+from bt_agent.browse.app import SHOWN, CheckpointList, CheckpointsApp, CheckpointView
 from bt_agent.catalog import Catalog
+from bt_agent.records import JobRecord, Manifest, ManifestFile
 from bt_agent.settings import Environ
-from bt_agent.storage import open_store
+from bt_agent.storage import FileStore, open_store
 
 pexpect = require("pexpect", "pip install -e '.[test]'")
 pyte = require("pyte", "pip install -e '.[test]'")
@@ -208,3 +210,59 @@ def test_without_a_terminal_the_tables_are_printed(store: Store, tmp_path: Path)
     assert files.code == 0 and len(files.out.strip().splitlines()) == 5, files.text
     browse = agent("checkpoints", "browse", "--store", store.url)
     assert browse.code == 2 and "needs a terminal" in browse.err
+
+
+def test_thousands_of_checkpoints_load_in_pages_and_narrow_as_typed(tmp_path: Path) -> None:
+    catalog = Catalog(FileStore(tmp_path / "store"))
+    for j in range(300):
+        job = f"job{j:05d}"
+        created = f"2026-01-01T{j // 60:02d}:{j % 60:02d}:00Z"
+        catalog.create_job(JobRecord(job, "big", None, created, 1, {}))
+        for c in range(10):
+            files = [ManifestFile("model.safetensors", 10, "0" * 64)]
+            catalog.write_manifest(
+                Manifest(job, "big", 0, f"checkpoint-{c}", created, created, files)
+            )
+
+    async def scenario() -> None:
+        app = CheckpointsApp(CheckpointBrowser(catalog), project="big")
+        async with app.run_test(size=(120, 30)) as pilot:
+            await until(pilot, lambda: not listed(app).loading, "the end of the listing")
+            screen = listed(app)
+            assert len(screen.manifests) == 3000 and len(screen.shown) == SHOWN
+            assert screen.shown[0].job_id == "job00299", "newest job first"
+            status = str(screen.query_one("#status").render())
+            assert f"3000 committed checkpoints; {SHOWN} shown, type to narrow" in status
+            await pilot.press(*"job00123")
+            assert {m.job_id for m in screen.shown[:10]} == {"job00123"}
+            await pilot.press("down", "q")
+
+    asyncio.run(scenario())
+
+
+def test_a_checkpoint_is_downloaded_into_the_current_directory(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path / "brws001" / "rank-0" / "checkpoint-10"
+
+    async def scenario() -> list[str]:
+        app = CheckpointsApp(store.browser(), job_id="brws001")
+        async with app.run_test(size=(120, 30), notifications=True) as pilot:
+            await until(pilot, lambda: len(listed(app).shown) == 2, "two checkpoints")
+            await pilot.press(*"checkpoint-10", "enter")
+            await until(pilot, lambda: isinstance(app.screen, CheckpointView), "the checkpoint")
+            await pilot.press("d")
+            said = lambda: [n.message for n in app._notifications]  # noqa: E731
+            await until(pilot, lambda: any("downloaded" in m for m in said()), "the download")
+            bar = app.screen.query_one("#progress", ProgressBar)
+            assert bar.progress == bar.total
+            await pilot.press("d")
+            await until(pilot, lambda: any("already exists" in m for m in said()), "a refusal")
+            await pilot.press("q")
+            return said()
+
+    said = asyncio.run(scenario())
+    assert "downloaded to brws001/rank-0/checkpoint-10" in said
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors"]
+    assert json.loads((target / "config.json").read_text()) == {"_name_or_path": "Qwen/Qwen3-0.6B"}

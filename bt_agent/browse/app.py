@@ -25,6 +25,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
 from textual.fuzzy import Matcher
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Header, Input, ProgressBar, Static, Tree
 from textual.widgets.tree import TreeNode
 
@@ -41,6 +42,8 @@ TEXT_SUFFIXES = frozenset(
     | {".py", ".sh", ".jinja", ".tokenizer", ".vocab", ".merges"}
 )
 COLUMNS = ("job", "checkpoint", "node", "type", "size", "created")
+SHOWN = 200  # rows in the table at once: the newest, or the best matches (typing narrows)
+REFILTER_SECONDS = 0.2  # while pages arrive under a query, the list is re-ranked this often
 
 
 # --- what the screens show, apart from the screens ---------------------------------------------
@@ -144,7 +147,9 @@ class CheckpointList(Screen[None]):
         self.job_id = job_id
         self.manifests: list[Manifest] = []
         self.shown: list[Manifest] = []
+        self.matches = 0
         self.loading = True
+        self._pending: Timer | None = None
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -173,21 +178,36 @@ class CheckpointList(Screen[None]):
         self.app.call_from_thread(self.say_count)
 
     def add(self, page: list[Manifest]) -> None:
+        """A page that arrived: shown at once without a query (newest first, as listed), else
+        ranked with the rest a moment later, so that a long listing costs few redraws."""
         self.manifests.extend(page)
-        self.refilter()
+        if self.query_one("#search", Input).value.strip():
+            if self._pending is None:
+                self._pending = self.set_timer(REFILTER_SECONDS, self.refilter)
+            return
+        new = page[: max(SHOWN - len(self.shown), 0)]
+        self.shown.extend(new)
+        self.matches = len(self.manifests)
+        self.query_one("#checkpoints", DataTable).add_rows(row(m) for m in new)
+        self.say_count()
 
     def say(self, text: str) -> None:
         self.query_one("#status", Static).update(text)
 
     def say_count(self) -> None:
-        total, shown = len(self.manifests), len(self.shown)
-        where = f"{shown} of {total}" if shown != total else str(total)
-        more = " (loading more)" if self.loading else ""
-        self.say(f"{where} committed checkpoints{more}")
+        total = len(self.manifests)
+        said = f"{self.matches} of {total} committed checkpoints match"
+        if self.matches == total:
+            said = f"{total} committed checkpoints"
+        if len(self.shown) < self.matches:
+            said += f"; {len(self.shown)} shown, type to narrow"
+        self.say(said + (" (loading more)" if self.loading else ""))
 
     def refilter(self) -> None:
-        query = self.query_one("#search", Input).value
-        self.shown = ranked(self.manifests, query)
+        self._pending = None
+        matching = ranked(self.manifests, self.query_one("#search", Input).value)
+        self.matches = len(matching)
+        self.shown = matching[:SHOWN]
         table = self.query_one("#checkpoints", DataTable)
         table.clear()
         table.add_rows(row(m) for m in self.shown)
