@@ -75,7 +75,7 @@ def row(manifest: Manifest) -> tuple[str, ...]:
 def preview(browser: CheckpointBrowser, manifest: Manifest, entry: ManifestFile) -> str:
     """What the preview pane shows of one file (read with ranged reads only)."""
     key = object_key(manifest, entry.path)
-    facts = f"{entry.path}\n{format_bytes(entry.size)}  sha256 {entry.sha256}\n\n"
+    facts = f"{entry.path}\n{format_bytes(entry.size)}, sha256\n{entry.sha256}\n\n"
     suffix = PurePosixPath(entry.path).suffix.lower()
     if suffix == ".safetensors":
         summary = browser.summary(key, entry.path)
@@ -135,6 +135,7 @@ class CheckpointList(Screen[None]):
         Binding("slash", "search", "Search"),
         Binding("enter", "open", "Open", priority=True),
         Binding("down", "to_table", "List", show=False),
+        Binding("escape", "to_table", "List"),
         Binding("c", "copy", "Copy URL"),
         Binding("d", "download", "Download"),
         Binding("q", "app.quit", "Quit"),
@@ -195,13 +196,17 @@ class CheckpointList(Screen[None]):
         self.query_one("#status", Static).update(text)
 
     def say_count(self) -> None:
+        """How many are listed, and what the keys do where the search box takes letters."""
         total = len(self.manifests)
         said = f"{self.matches} of {total} committed checkpoints match"
         if self.matches == total:
             said = f"{total} committed checkpoints"
         if len(self.shown) < self.matches:
             said += f"; {len(self.shown)} shown, type to narrow"
-        self.say(said + (" (loading more)" if self.loading else ""))
+        said += " (loading more)" if self.loading else ""
+        if self.query_one("#search", Input).has_focus:
+            said += "  ·  Enter opens; Esc or Down goes to the list (c copy, d download, q quit)"
+        self.say(said)
 
     def refilter(self) -> None:
         self._pending = None
@@ -211,6 +216,9 @@ class CheckpointList(Screen[None]):
         table = self.query_one("#checkpoints", DataTable)
         table.clear()
         table.add_rows(row(m) for m in self.shown)
+        self.say_count()
+
+    def on_descendant_focus(self) -> None:
         self.say_count()
 
     @on(Input.Changed, "#search")
@@ -357,11 +365,10 @@ class CheckpointsApp(App[int]):
 
     TITLE = "bt-agent checkpoints"
     CSS = """
-    #search { dock: top; }
     #status { height: 1; color: $text-muted; }
     #about { height: auto; padding: 0 1; }
-    #files { width: 40%; }
-    #pane { width: 60%; border-left: solid $primary; padding: 0 1; }
+    #files { width: 34%; }
+    #pane { width: 66%; border-left: solid $primary; padding: 0 1; }
     #progress { height: 1; }
     """
 
