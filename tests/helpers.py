@@ -136,6 +136,37 @@ class Agent:
         return ids[0]
 
 
+def run_nodes(
+    agent: Agent,
+    job: dict[str, Any],
+    job_id: str,
+    tag: str,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    nodes: int = 2,
+    timeout: float = 180,
+) -> list[int]:
+    """Run ``job`` as one job on ``nodes`` agents at once (ranks 0.., the leader on 127.0.0.1),
+    each with its node root ``<tag>-node<rank>``; their exit codes."""
+    processes = [
+        agent.start(
+            job,
+            *extra,
+            "--job-id",
+            job_id,
+            "--node-rank",
+            str(rank),
+            "--leader-addr",
+            "127.0.0.1",
+            "--node-root",
+            str(agent.root / f"{tag}-node{rank}"),
+            env=env,
+        )
+        for rank in range(nodes)
+    ]
+    return [finish(p, timeout, agent) for p in processes]
+
+
 def marked_processes(mark: str) -> list[int]:
     """Living processes (zombies excluded) whose environment carries ``mark``."""
     found = []

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import servers
-from helpers import Agent, finish
+from helpers import Agent, run_nodes
 
 from bt_agent.settings import NODE_CACHE_CONTAINER_DIR
 
@@ -31,25 +31,9 @@ def _trained(agent: Agent, job_id: str, store: str | None = None) -> None:
         "compute": {"node_count": 2},
         "runtime": {"start_commands": [SAVES], "checkpointing_config": {"enabled": True}},
     }
-    nodes = [
-        agent.start(
-            job,
-            *PROJECT,
-            "--store",
-            store or str(agent.store),
-            "--job-id",
-            job_id,
-            "--node-rank",
-            str(rank),
-            "--leader-addr",
-            "127.0.0.1",
-            "--node-root",
-            str(agent.root / f"train-node{rank}"),
-            env=FAST,
-        )
-        for rank in (0, 1)
-    ]
-    assert [finish(node, 120, agent) for node in nodes] == [0, 0], agent.output()
+    store_args = ("--store", store or str(agent.store))
+    codes = run_nodes(agent, job, job_id, "train", *PROJECT, *store_args, env=FAST, timeout=120)
+    assert codes == [0, 0], agent.output()
 
 
 def _weights_job(*sources: tuple[str, str], command: str, **extra: Any) -> dict[str, Any]:

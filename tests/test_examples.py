@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import servers
-from helpers import REPO, Agent, finish, run_entrypoint, wait_for
+from helpers import REPO, Agent, finish, run_entrypoint, run_nodes, wait_for
 
 from bt_agent.catalog import Catalog
 from bt_agent.settings import Environ
@@ -165,23 +165,7 @@ def test_sigterm_mid_training_commits_the_newest_checkpoint_and_a_new_job_resume
 
 
 def _two_nodes(agent: Agent, job: dict[str, Any], job_id: str, tag: str) -> list[int]:
-    processes = [
-        agent.start(
-            job,
-            *PROJECT,
-            "--job-id",
-            job_id,
-            "--node-rank",
-            str(rank),
-            "--leader-addr",
-            "127.0.0.1",
-            "--node-root",
-            str(agent.root / f"{tag}-node{rank}"),
-            env=FAST,
-        )
-        for rank in (0, 1)
-    ]
-    return [finish(p, 180, agent) for p in processes]
+    return run_nodes(agent, job, job_id, tag, *PROJECT, env=FAST)
 
 
 def test_two_nodes_checkpoint_per_rank_and_resume_each_its_own(agent: Agent) -> None:
