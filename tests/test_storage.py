@@ -34,6 +34,7 @@ from bt_agent.storage import ObjectStore, open_store
 from bt_agent.storage.azure import AzureStore
 from bt_agent.storage.base import Upload
 from bt_agent.storage.engine import Tuning
+from bt_agent.storage.file import SYNCFS_MIN_FILES, syncfs
 from bt_agent.storage.gcs import GCSStore
 from bt_agent.storage.hf import HFStore
 from bt_agent.storage.s3 import S3Store
@@ -598,15 +599,18 @@ def test_part_size_keeps_huge_files_under_10000_parts() -> None:
             assert -(-size // part) <= 10_000 and part % MiB == 0
 
 
-def test_a_file_stores_upload_stream_tells_each_file_apart(tmp_path: Path) -> None:
-    """A batch of the file store's upload stream: each file is told its own outcome (a source
-    that is gone as it is, a key that cannot be stored as a typed error), the others are
-    stored whole, and no temporary file is left in the store."""
+@pytest.mark.parametrize("fillers", [0, SYNCFS_MIN_FILES], ids=["fsync-each", "one-syncfs"])
+def test_a_file_stores_upload_stream_tells_each_file_apart(tmp_path: Path, fillers: int) -> None:
+    """A batch of the file store's upload stream, small (a fsync per file) or large (one
+    syncfs): each file is told its own outcome (a source that is gone as it is, a key that
+    cannot be stored as a typed error), the others are stored whole, and no temporary file is
+    left in the store."""
     store = open_store((tmp_path / "store").as_uri())
     store.write_bytes("taken", b"an object")  # so "taken/inside" cannot be a file
     source = tmp_path / "source"
     source.mkdir()
     contents = {"first": b"one" * 1000, "last": b""}
+    contents |= {f"filler-{i}": payload(3000 + i, seed=i) for i in range(fillers)}
     for name, data in contents.items():
         (source / name).write_bytes(data)
     batch = [
@@ -614,6 +618,7 @@ def test_a_file_stores_upload_stream_tells_each_file_apart(tmp_path: Path) -> No
         Upload(source / "gone", "batch/gone"),
         Upload(source / "first", "taken/inside"),
         Upload(source / "last", "batch/last"),
+        *(Upload(source / f"filler-{i}", f"batch/filler-{i}") for i in range(fillers)),
     ]
     handed = iter([batch])
     told: dict[str, str | Exception] = {}
@@ -626,8 +631,14 @@ def test_a_file_stores_upload_stream_tells_each_file_apart(tmp_path: Path) -> No
     gone = told["batch/gone"]
     assert isinstance(gone, FileNotFoundError) and not isinstance(gone, NotFoundError)
     assert isinstance(told["taken/inside"], KeyConflictError)
-    assert [info.key for info in store.list()] == ["batch/first", "batch/last", "taken"]
+    stored = {f"batch/{name}" for name in contents} | {"taken"}
+    assert {info.key for info in store.list()} == stored
     assert not [p for p in (tmp_path / "store").rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_syncfs_writes_out_a_file_system_or_says_it_cannot(tmp_path: Path) -> None:
+    assert syncfs(tmp_path), "Linux has syncfs(2)"
+    assert not syncfs(tmp_path / "missing")
 
 
 def test_a_file_stores_upload_stream_on_a_full_disk_leaves_no_temporary_file(
