@@ -27,12 +27,14 @@ SLOW_DOWN = (
 class FaultProxy:
     """Listens on 127.0.0.1; the first ``slow_down`` requests are answered 503 SlowDown, and
     the body of the first ``corrupt`` requests that carry one has a byte flipped; every request
-    waits ``delay`` seconds before it is passed on."""
+    (or only those whose request line holds ``delay_only``) waits ``delay`` seconds before it
+    is passed on."""
 
     upstream_port: int
     slow_down: int = 0
     corrupt: int = 0
     delay: float = 0.0
+    delay_only: str = ""
     requests: int = 0  # requests seen
     lines: list[str] = field(
         default_factory=list
@@ -89,10 +91,11 @@ class FaultProxy:
                         return
                     buffer += data
                 body, buffer = buffer[:length], buffer[length:]
+                line = _request_line(head)
                 with self._lock:
                     self.requests += 1
-                    self.lines.append(_request_line(head))
-                if self.delay:
+                    self.lines.append(line)
+                if self.delay and self.delay_only in line:
                     time.sleep(self.delay)
                 if self._take("slow_down"):
                     client.sendall(SLOW_DOWN)

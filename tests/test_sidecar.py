@@ -159,6 +159,7 @@ def test_settled_files_wait_the_short_period_and_open_ones_the_quiet_period(
     from bt_agent.log import AgentLog
     from bt_agent.sidecar.files import CheckpointDir
     from bt_agent.sidecar.journal import Journal
+    from bt_agent.sidecar.state import FileStatus
     from bt_agent.sidecar.uploader import Owner, Sidecar, SidecarSettings
     from bt_agent.sidecar.watch import Change
 
@@ -182,7 +183,9 @@ def test_settled_files_wait_the_short_period_and_open_ones_the_quiet_period(
     ]:
         sidecar._changes.put(change)
     sidecar._take_changes(100.0)
-    assert sidecar._state.pending == {"a.bin": 100.5, "b.bin": 100.1, "c.bin": 100.5}
+    files = sidecar._state.files
+    assert {r: f.due for r, f in files.items()} == {"a.bin": 100.5, "b.bin": 100.1, "c.bin": 100.5}
+    assert {f.status for f in files.values()} == {FileStatus.WAITING}
     sidecar.journal.close()
 
 
@@ -503,6 +506,41 @@ def test_sigterm_during_the_drain_ends_within_the_grace_period(
     )
     assert record["status"] == "TRAINING_JOB_STOPPED"
     assert record["uploads"]["not_durable"] == ["checkpoint-1/model.bin"]
+
+
+def test_a_sidecar_stuck_on_a_dead_store_at_the_deadline_reports_by_its_journal(
+    agent: Agent, own_s3: servers.SeaweedFS
+) -> None:
+    """The store takes the checkpoint's file, then hangs on its manifest: the coordinator is
+    stuck in that request when the drain's deadline passes, so the drain tells what is lost
+    from the journal and the disk (the file durable, no commit recorded): exit 4, in time."""
+    proxy = FaultProxy(own_s3.port, delay=60, delay_only="/manifests/")
+    env = {
+        **own_s3.client_env(),
+        "AWS_ENDPOINT_URL": proxy.endpoint,
+        **FAST,
+        "BT_UPLOAD_DRAIN_SECONDS": "3",
+    }
+    command = (
+        "mkdir -p $BT_CHECKPOINT_DIR/checkpoint-1 && echo w > $BT_CHECKPOINT_DIR/checkpoint-1/w"
+    )
+    try:
+        started = time.monotonic()
+        result = agent.run_job(
+            ckpt_job(command), "--job-id", "stuck01", "--store", "s3://store/bt", env=env
+        )
+        elapsed = time.monotonic() - started
+    finally:
+        proxy.close()
+    assert result.code == 4, result.text
+    assert elapsed < 30, f"took {elapsed:.1f} s"
+    assert any("/manifests/" in line for line in proxy.lines), "the manifest was asked for"
+    store = open_store("s3://store/bt", Environ(own_s3.client_env()))
+    record = json.loads(store.read_bytes("projects/default/jobs/stuck01/nodes/rank-0.json"))
+    assert record["uploads"]["not_durable"] == []
+    assert record["uploads"]["not_committed"] == {
+        "checkpoint-1": "no commit of it was recorded by the deadline"
+    }
 
 
 @pytest.mark.parametrize(

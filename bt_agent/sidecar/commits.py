@@ -136,10 +136,10 @@ class Committer:
             if not isinstance(found, Candidate):
                 continue  # deleted (or no longer a file): no longer part of the checkpoint
             present[relative] = found.sig
-            refused = self.state.unstorable.get(relative)
-            if refused is not None and refused[0] == found.sig:
+            refused = self.state.refused_as(relative, found.sig)
+            if refused is not None:
                 what = within_checkpoint(relative)
-                checkpoint.blocked = f"the store refused {what}: {refused[1]}"
+                checkpoint.blocked = f"the store refused {what}: {refused}"
                 checkpoint.retry_at = now + BLOCKED_RECHECK_SECONDS
                 return
             sha256 = self.state.durable_as(relative, found.sig)
@@ -180,7 +180,7 @@ class Committer:
             checkpoint.blocked = what
             checkpoint.dirty = False
             return
-        files = [(r, sig, self.state.durable[r][1]) for r, sig in sorted(seen)]
+        files = [(r, sig, self.state.durable_as(r, sig) or "") for r, sig in sorted(seen)]
         self._write(checkpoint, files, now, "deleted locally since, committed from its uploads")
 
     def _write(self, checkpoint: Checkpoint, files: Files, now: float, note: str = "") -> None:

@@ -74,6 +74,8 @@ QUEUE_FILES = 512
 QUEUE_BYTES = 16 * MiB
 #: How long the drain waits for the watch to hand over the changes it still holds.
 FLUSH_SECONDS = 2.0
+#: How long the drain waits for the coordinator to say what is lost, once stopped.
+ANSWER_SECONDS = 0.5
 HALF_WRITTEN = "it was being written in place when the agent last stopped"
 
 
@@ -136,6 +138,8 @@ class _Killed:
 
 #: Checkpoints to hold back at once, with why (the agent is ending processes still writing).
 _Tears = dict[str, str]
+#: Files not durable, and checkpoints left without a commit with why.
+_Lost = tuple[list[str], dict[str, str]]
 
 
 class Sidecar:
@@ -165,6 +169,7 @@ class Sidecar:
         self._notices: queue.SimpleQueue[_Killed | _Tears] = queue.SimpleQueue()
         self._work: queue.SimpleQueue[Candidate | None] = queue.SimpleQueue()
         self._done: queue.SimpleQueue[_Done] = queue.SimpleQueue()
+        self._answers: queue.SimpleQueue[_Lost] = queue.SimpleQueue()  # the drain's question
         # Small files go to the store's upload stream, where it has one (one thread, many
         # connections), a list per coordinator step; the rest to the worker threads.
         self._stream_in: queue.SimpleQueue[list[_Streamed] | None] = queue.SimpleQueue()
@@ -230,8 +235,8 @@ class Sidecar:
         and never saw settle, which may be cut short."""
         state = self._state
         durable, commits = self._what_the_store_holds()
-        state.durable = durable
-        for relative, (sig, _) in durable.items():
+        for relative, (sig, sha256) in durable.items():
+            state.stored(state.file(relative), sig, sha256)
             checkpoint = state.of(relative)
             checkpoint.files[relative] = sig
             checkpoint.dirty = True
@@ -292,26 +297,44 @@ class Sidecar:
                 break
         self._stop.set()
         self._wake.set()
-        coordinator = next(t for t in self._threads if t.name == "bt-sidecar")
-        coordinator.join(0.5)  # a step stuck on a dead store must not hold the deadline
+        try:  # a step stuck on a dead store must not hold the deadline
+            left, reasons = self._answers.get(timeout=ANSWER_SECONDS)
+        except queue.Empty:
+            left, reasons = self._lost_by_the_journal()
         for _ in range(self.settings.workers):
             self._work.put(None)
         self._stream_in.put(None)
-        report = self._report_lost(time.monotonic() - started)
+        self.stats.lost(left, reasons)
+        self.stats.backlog(len(left), 0)
+        report = DrainReport(left, reasons, time.monotonic() - started)
         self.journal.close()
         self.dir.close()
         return report
 
-    def _report_lost(self, seconds: float) -> DrainReport:
-        """What was not saved. The coordinator may still be in a step, stuck on a dead store:
-        what it holds is read as it stands (each snapshot taken at once, under the GIL)."""
-        state = self._state
-        waiting = list(state.pending) + list(state.in_flight) + list(state.unstorable)
-        left = sorted(r for r in set(waiting) if isinstance(self.dir.classify(r), Candidate))
-        reasons = self.commits.not_committed(left)
-        self.stats.lost(left, reasons)
-        self.stats.backlog(len(left), 0)
-        return DrainReport(left, reasons, seconds)
+    def _what_is_lost(self) -> _Lost:
+        """The coordinator's last word: the files not durable as they are, and every
+        checkpoint left without a commit, with why."""
+        unsaved = self._state.unsaved()
+        left = sorted(r for r in unsaved if isinstance(self.dir.classify(r), Candidate))
+        return left, self.commits.not_committed(left)
+
+    def _lost_by_the_journal(self) -> _Lost:
+        """What is lost, as the journal and the disk tell it, for when the coordinator cannot
+        answer (stuck in a step on a dead store): every file not recorded durable as it is,
+        and every checkpoint with one of them or without a recorded commit."""
+        durable, commits = self.journal.durable(), self.journal.commits()
+        left = []
+        for relative in self.dir.walk():
+            found = self.dir.classify(relative)
+            if isinstance(found, Candidate) and durable.get(relative, (None, ""))[0] != found.sig:
+                left.append(relative)
+        reasons = {
+            checkpoint_of(r): "no commit of it was recorded by the deadline"
+            for r in self.dir.walk()
+            if not commits.get(checkpoint_of(r))
+        }
+        reasons |= {checkpoint_of(r): "some of its files were not durable in time" for r in left}
+        return sorted(left), dict(sorted(reasons.items()))
 
     # --- what the supervisor tells -------------------------------------------------------------
 
@@ -355,6 +378,7 @@ class Sidecar:
             time.sleep(MIN_STEP)
             self._wake.wait(TICK)
             self._wake.clear()
+        self._answers.put(self._what_is_lost())
 
     def _step(self, now: float) -> None:
         draining = self._draining  # only a step begun draining has taken the drain's rescan
@@ -373,7 +397,7 @@ class Sidecar:
     def _finished(self) -> bool:
         """Nothing left that waiting could still save."""
         state = self._state
-        if state.pending or state.in_flight:
+        if state.waiting() or state.uploading():
             return False
         return all(
             c.name in self.holds or c.blocked or c.open_file
@@ -413,12 +437,13 @@ class Sidecar:
         settled file's wait replaces the longer one of the writes before its close). A change
         ``in_place`` (a write where the file is) marks its checkpoint as being written."""
         state = self._state
-        if self._draining and relative not in state.attempts:
-            state.pending[relative] = now  # the writers are gone: no quiet period to wait for
+        record = state.file(relative)
+        if self._draining and not record.attempts:
+            state.wait(relative, now)  # the writers are gone: no quiet period to wait for
         elif settled:
-            state.pending[relative] = now + wait
+            state.wait(relative, now + wait)
         else:
-            state.pending[relative] = max(now + wait, state.pending.get(relative, 0.0))
+            state.wait(relative, max(now + wait, record.due or 0.0))
         checkpoint = state.of(relative)
         checkpoint.touched = now
         if in_place:
@@ -504,11 +529,12 @@ class Sidecar:
         state = self._state
         if not self._room(share=2):
             return  # looking costs time in proportion to the files waiting: not for each upload
-        ready = [r for r, due in state.pending.items() if due <= now and r not in state.in_flight]
+        ready = state.due(now)
         while ready and self._room():
             # Only as many as the queue takes, in "newest checkpoint first" order: a full sort
             # per step would cost more than the uploads of many small files.
-            batch = heapq.nsmallest(QUEUE_FILES - len(state.in_flight), ready, key=self._priority)
+            room = QUEUE_FILES - len(state.uploading())
+            batch = heapq.nsmallest(room, ready, key=self._priority)
             chosen = set(batch)
             ready = [r for r in ready if r not in chosen]
             for relative in batch:
@@ -530,11 +556,12 @@ class Sidecar:
         checkpoint first" meaningful for large files."""
         state = self._state
         workers = self.settings.workers
-        if len(state.in_flight) < 2 * workers:
+        uploading = state.uploading_count()
+        if uploading < 2 * workers:
             return True
         return (
-            len(state.in_flight) < QUEUE_FILES // share
-            and state.in_flight_bytes < QUEUE_BYTES * workers // share
+            uploading < QUEUE_FILES // share
+            and state.uploading_bytes < QUEUE_BYTES * workers // share
         )
 
     def _priority(self, relative: str) -> tuple[int, str]:
@@ -546,37 +573,32 @@ class Sidecar:
         state = self._state
         found = self.dir.classify(relative)
         checkpoint = state.of(relative)
+        record = state.file(relative)
         if found is None or isinstance(found, Skipped):
-            del state.pending[relative]
+            state.unwait(record)
             if isinstance(found, Skipped):
                 self._warn_once(relative, f"checkpoints: skipping {relative!r}: {found.reason}")
-            elif relative not in state.durable:  # gone: lost, if its checkpoint went with it
+            elif record.stored is None:  # gone: lost, if its checkpoint went with it
                 checkpoint.vanished.add(relative)
                 checkpoint.dirty = True
             return
         checkpoint.files[relative] = found.sig
         checkpoint.newest = max(checkpoint.newest, found.sig.mtime_ns)
-        known = state.durable.get(relative)
-        refused = state.unstorable.get(relative)
-        if (known is not None and known[0] == found.sig) or (
-            refused is not None and refused[0] == found.sig
-        ):
-            del state.pending[relative]  # unchanged since it was uploaded (or refused)
+        if record.unchanged_since_done(found.sig):
+            state.unwait(record)  # unchanged since it was uploaded (or refused)
             return
         if self.holds.inherited(checkpoint.name, found.sig.ctime_ns):
-            del state.pending[relative]  # as an earlier job left it, cut short: not this job's
+            state.unwait(record)  # as an earlier job left it, cut short: not this job's
             return
-        earlier = self._saved_by_earlier_job(found) if known is None else None
+        earlier = self._saved_by_earlier_job(found) if record.stored is None else None
         if earlier is not None and not checkpoint.adopt:
-            del state.pending[relative]  # the earlier job's, unless this job adds to it
+            state.unwait(record)  # the earlier job's, unless this job adds to it
             return
         checkpoint.dirty = True
-        if known is not None and checkpoint.committed is not None:
+        if record.stored is not None and checkpoint.committed is not None:
             # Its manifest would name content about to change.
             self.commits.withdraw(checkpoint, "it changed after its commit; committing it again")
-        del state.pending[relative]
-        state.in_flight[relative] = found.sig.size
-        state.in_flight_bytes += found.sig.size
+        state.start_upload(record, found.sig.size)
         if checkpoint.round is None:
             checkpoint.round = Round(now)
         if earlier is not None:
@@ -621,7 +643,7 @@ class Sidecar:
             except queue.Empty:
                 break
             relative = done.file.relative
-            state.in_flight_bytes -= state.in_flight.pop(relative, 0)
+            state.end_upload(relative)
             if done.error is not None:
                 self._failed(done, now)
             elif not isinstance(done.after, Candidate):
@@ -637,8 +659,7 @@ class Sidecar:
 
     def _durable(self, relative: str, sig: FileSig, sha256: str, now: float) -> None:
         state = self._state
-        state.durable[relative] = (sig, sha256)
-        state.attempts.pop(relative, None)
+        state.stored(state.file(relative), sig, sha256)
         self.stats.uploaded(sig.size)
         checkpoint = state.of(relative)
         checkpoint.dirty = True
@@ -653,14 +674,15 @@ class Sidecar:
         if not isinstance(self.dir.classify(relative), Candidate):
             return  # deleted locally meanwhile: nothing left to save
         self.stats.failed()
+        record = state.file(relative)
         if isinstance(done.error, KeyRefusedError):  # no retry can help
-            state.unstorable[relative] = (done.file.sig, str(done.error))
+            record.refused = (done.file.sig, str(done.error))
             self.log.error(f"checkpoints: {relative} is not saved, and not retried: {done.error}")
             return
-        attempt = state.attempts.get(relative, 0) + 1
-        state.attempts[relative] = attempt
+        record.attempts += 1
+        attempt = record.attempts
         delay = random.uniform(0, min(self.settings.retry_cap, 2.0**attempt))
-        state.pending[relative] = now + delay
+        state.wait(relative, now + delay)
         if attempt == 1 or attempt % 10 == 0:
             self.log.warning(
                 f"checkpoints: upload of {relative} failed (attempt {attempt}), "
@@ -753,7 +775,8 @@ class Sidecar:
             return
         self._last_backlog = now
         state = self._state
-        waiting = [*state.pending, *state.in_flight]
+        uploading = state.uploading()
+        waiting = state.waiting() | uploading
         sizes = {r: sig.size for c in state.checkpoints.values() for r, sig in c.files.items()}
         self.stats.backlog(len(waiting), sum(sizes.get(r, 0) for r in waiting))
         if not waiting or now - self._last_report < self.settings.backlog_interval:
@@ -761,7 +784,7 @@ class Sidecar:
         self._last_report = now
         totals = self.stats.totals()
         self.log.info(
-            f"checkpoints: {len(waiting)} file(s) waiting to upload, {len(state.in_flight)} "
+            f"checkpoints: {len(waiting)} file(s) waiting to upload, {len(uploading)} "
             f"in flight; {totals.files} uploaded ({format_bytes(totals.bytes)}), "
             f"{totals.failures} failed attempt(s) retried"
         )
