@@ -16,9 +16,9 @@ from bt_agent.sidecar import beneath
 @pytest.fixture(params=["openat2", "walk"])
 def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     if request.param == "walk":  # a kernel without openat2
-        monkeypatch.setattr(beneath._kernel, "available", False)
+        monkeypatch.setattr(beneath.KERNEL, "available", False)
     else:
-        assert beneath._kernel.available, "this kernel has openat2 (Linux 5.6 or newer)"
+        assert beneath.KERNEL.available, "this kernel has openat2 (Linux 5.6 or newer)"
     yield str(request.param)
 
 

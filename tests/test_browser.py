@@ -248,12 +248,14 @@ def test_a_checkpoint_is_downloaded_into_the_current_directory(
 
     async def scenario() -> list[str]:
         app = CheckpointsApp(store.browser(), job_id="brws001")
-        async with app.run_test(size=(120, 30), notifications=True) as pilot:
+        async with app.run_test(size=(120, 30)) as pilot:
             await until(pilot, lambda: len(listed(app).shown) == 2, "two checkpoints")
             await pilot.press(*"checkpoint-10", "enter")
             await until(pilot, lambda: isinstance(app.screen, CheckpointView), "the checkpoint")
             await pilot.press("d")
-            said = lambda: [n.message for n in app._notifications]  # noqa: E731
+            view = app.screen
+            assert isinstance(view, CheckpointView)
+            said = lambda: view.said  # noqa: E731
             await until(pilot, lambda: any("downloaded" in m for m in said()), "the download")
             bar = app.screen.query_one("#progress", ProgressBar)
             assert bar.progress == bar.total

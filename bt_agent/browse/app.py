@@ -267,6 +267,7 @@ class CheckpointView(Screen[None]):
         self.manifest = manifest
         self.start_download = download
         self.file: ManifestFile | None = None
+        self.said: list[str] = []  # what this screen told its user, oldest first
 
     def compose(self) -> ComposeResult:
         m = self.manifest
@@ -315,13 +316,17 @@ class CheckpointView(Screen[None]):
             self.query_one("#preview", Static).update(text)
             self.query_one("#pane", VerticalScroll).scroll_home(animate=False)
 
+    def tell(self, message: str, error: bool = False) -> None:
+        self.said.append(message)
+        self.notify(message, severity="error" if error else "information")
+
     def action_copy(self) -> None:
         copy_url(self.app, self.browser, self.manifest, self.file)
 
     def action_download(self) -> None:
         job = Download(self.manifest, Path.cwd())
         if job.target.exists():
-            self.notify(f"{job.shown()} already exists; move it first", severity="error")
+            self.tell(f"{job.shown()} already exists; move it first", error=True)
             return
         bar = self.query_one("#progress", ProgressBar)
         bar.display = True
@@ -336,9 +341,9 @@ class CheckpointView(Screen[None]):
         try:
             download_checkpoint(self.browser.catalog, job.manifest, job.target, fetched=advance)
         except (BtAgentError, OSError) as exc:
-            self.app.call_from_thread(self.notify, f"download failed: {exc}", severity="error")
+            self.app.call_from_thread(self.tell, f"download failed: {exc}", True)
             return
-        self.app.call_from_thread(self.notify, f"downloaded to {job.shown()}")
+        self.app.call_from_thread(self.tell, f"downloaded to {job.shown()}")
 
 
 def _grow(node: TreeNode[ManifestFile | None], items: dict[str, Any]) -> None:

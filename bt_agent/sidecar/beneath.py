@@ -58,8 +58,9 @@ class _OpenHow(ctypes.Structure):
     ]
 
 
-class _Kernel:
-    """``openat2`` through libc's ``syscall``, until the kernel says it has none."""
+class Kernel:
+    """``openat2`` through libc's ``syscall``, until the kernel says it has none (or a caller
+    sets ``available`` to False: the walk is used then, as on a kernel without it)."""
 
     def __init__(self) -> None:
         self.available = True
@@ -88,16 +89,17 @@ class _Kernel:
         raise OSError(code, os.strerror(code))
 
 
-_kernel = _Kernel()
+#: The kernel's openat2, shared by every caller.
+KERNEL = Kernel()
 
 
 def open_at(directory: int, relative: str, flags: int) -> int:
     """A descriptor of ``relative`` (``/``-separated, no ``.`` or ``..`` parts) under the
     directory ``directory``, opened with ``flags``, never resolved outside it."""
     name = relative.encode("utf-8", "surrogateescape")
-    if _kernel.available:
+    if KERNEL.available:
         try:
-            return _refusing(lambda: _kernel.openat2(directory, name, flags))
+            return _refusing(lambda: KERNEL.openat2(directory, name, flags))
         except NotImplementedError:
             pass
     return _walk(directory, name, flags)
