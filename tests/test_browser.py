@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -61,21 +62,28 @@ class Store:
 
 
 @pytest.fixture(scope="module")
-def store(
-    tmp_path_factory: pytest.TempPathFactory, s3_server: servers.SeaweedFS
-) -> Iterator[Store]:
-    s3_server.create_bucket("browse")
-    proxy = FaultProxy(s3_server.port)
-    env = {**s3_server.client_env(), "AWS_ENDPOINT_URL": proxy.endpoint}
-    url = "s3://browse/bt"
-    agent = Agent(tmp_path_factory.mktemp("browse"), env=env)
-    job = trainer_job(agent, TRAINER)
-    result = agent.run_job(
-        job, "--store", url, "--job-id", "brws001", "--project", "p", timeout=240
-    )
-    assert result.code == 0, result.text
-    yield Store(url, env, proxy)
-    proxy.close()
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    """A SeaweedFS of this module's own (its 1 GiB object would take the shared server's last
+    free volumes), stopped and removed at the end."""
+    root = tmp_path_factory.mktemp("browse")
+    server = servers.seaweedfs(root / "s3")
+    proxy = FaultProxy(server.port)
+    try:
+        server.create_bucket("browse")
+        env = {**server.client_env(), "AWS_ENDPOINT_URL": proxy.endpoint}
+        url = "s3://browse/bt"
+        (root / "agent").mkdir()
+        agent = Agent(root / "agent", env=env)
+        job = trainer_job(agent, TRAINER)
+        result = agent.run_job(
+            job, "--store", url, "--job-id", "brws001", "--project", "p", timeout=240
+        )
+        assert result.code == 0, result.text
+        yield Store(url, env, proxy)
+    finally:
+        proxy.close()
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 async def until(pilot: object, predicate: Callable[[], bool], what: str) -> None:
