@@ -24,6 +24,7 @@ import pytest
 
 BIN = Path(__file__).resolve().parent / "bin"
 ACCESS_KEY, SECRET_KEY = "bt-test-key", "bt-test-secret"
+VOLUMES = 1000  # the most volumes a SeaweedFS of the tests may hold
 
 
 def require(binary: str, install: str) -> str:
@@ -223,6 +224,10 @@ def seaweedfs(root: Path) -> SeaweedFS:
         f"-filer.port={filer}",
         f"-volume.port={volume}",
         f"-admin.port={admin}",
+        # Each bucket takes volumes of its own, and by default the server allows only as many
+        # as its free disk holds at 1 GiB each (about 70 here): a session's tests create more
+        # buckets than that. Volumes are not preallocated, so many cost no space.
+        f"-volume.max={VOLUMES}",
     ]
     server = SeaweedFS(
         argv,
