@@ -17,7 +17,8 @@ import pytest
 import servers
 from fault_proxy import FaultProxy
 from helpers import Agent, require, trainer_job
-from textual.widgets import ProgressBar
+from textual.pilot import Pilot
+from textual.widgets import ProgressBar, Tree
 
 from bt_agent.browse import CheckpointBrowser
 from bt_agent.browse.app import SHOWN, CheckpointList, CheckpointsApp, CheckpointView
@@ -86,11 +87,11 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-async def until(pilot: object, predicate: Callable[[], bool], what: str) -> None:
+async def until(pilot: Pilot[int], predicate: Callable[[], bool], what: str) -> None:
     for _ in range(200):
         if predicate():
             return
-        await pilot.pause(0.05)  # type: ignore[attr-defined]
+        await pilot.pause(0.05)
     raise AssertionError(f"the browser did not show {what}")
 
 
@@ -100,19 +101,19 @@ def listed(app: CheckpointsApp) -> CheckpointList:
     return screen
 
 
-async def open_file(pilot: object, app: CheckpointsApp, path: str) -> str:
+async def open_file(pilot: Pilot[int], app: CheckpointsApp, path: str) -> str:
     """Move the tree's cursor to ``path``, press Enter, and return the preview once shown."""
     view = app.screen
     assert isinstance(view, CheckpointView)
-    tree = view.query_one("#files")
+    tree = view.query_one("#files", Tree)
     for _ in range(20):
-        node = tree.cursor_node  # type: ignore[attr-defined]
+        node = tree.cursor_node
         if node is not None and node.data is not None and node.data.path == path:
             break
-        await pilot.press("down")  # type: ignore[attr-defined]
+        await pilot.press("down")
     else:
         raise AssertionError(f"{path} is not in the tree")
-    await pilot.press("enter")  # type: ignore[attr-defined]
+    await pilot.press("enter")
     preview = view.query_one("#preview")
     shown = lambda: str(preview.render())  # noqa: E731
     await until(pilot, lambda: "reading..." not in shown() and path in shown(), path)

@@ -220,11 +220,15 @@ def _interactive(args: argparse.Namespace, out: TextIO) -> bool:
     """``checkpoints list`` on a terminal, unless told to print (``-o``, ``--no-interactive``)."""
     if args.checkpoints_command != "list" or args.output or args.no_interactive:
         return False
+    return _on_a_terminal(out)
+
+
+def _on_a_terminal(out: TextIO) -> bool:
     return sys.stdin.isatty() and out.isatty()
 
 
 def _browse(browser: CheckpointBrowser, args: argparse.Namespace, out: TextIO) -> int:
-    if not (sys.stdin.isatty() and out.isatty()):
+    if not _on_a_terminal(out):
         raise UsageError(
             "the checkpoint browser needs a terminal; use `bt-agent checkpoints list -o "
             "table|json|jsonl|csv` to print the checkpoints instead"

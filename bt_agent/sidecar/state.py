@@ -149,6 +149,10 @@ class State:
     def uploading_count(self) -> int:
         return len(self._uploading)
 
+    def has_work(self) -> bool:
+        """Whether any file is waiting or uploading."""
+        return bool(self._waiting or self._uploading)
+
     def unsaved(self) -> set[str]:
         """Files waiting, uploading, or refused by the store: not durable as they are."""
         refused = {r for r, f in self.files.items() if f.status is FileStatus.REFUSED}

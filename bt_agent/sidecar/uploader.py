@@ -323,16 +323,15 @@ class Sidecar:
         answer (stuck in a step on a dead store): every file not recorded durable as it is,
         and every checkpoint with one of them or without a recorded commit."""
         durable, commits = self.journal.durable(), self.journal.commits()
+        reasons: dict[str, str] = {}
         left = []
         for relative in self.dir.walk():
+            name = checkpoint_of(relative)
+            if not commits.get(name):
+                reasons[name] = "no commit of it was recorded by the deadline"
             found = self.dir.classify(relative)
             if isinstance(found, Candidate) and durable.get(relative, (None, ""))[0] != found.sig:
                 left.append(relative)
-        reasons = {
-            checkpoint_of(r): "no commit of it was recorded by the deadline"
-            for r in self.dir.walk()
-            if not commits.get(checkpoint_of(r))
-        }
         reasons |= {checkpoint_of(r): "some of its files were not durable in time" for r in left}
         return sorted(left), dict(sorted(reasons.items()))
 
@@ -397,7 +396,7 @@ class Sidecar:
     def _finished(self) -> bool:
         """Nothing left that waiting could still save."""
         state = self._state
-        if state.waiting() or state.uploading():
+        if state.has_work():
             return False
         return all(
             c.name in self.holds or c.blocked or c.open_file
@@ -533,7 +532,7 @@ class Sidecar:
         while ready and self._room():
             # Only as many as the queue takes, in "newest checkpoint first" order: a full sort
             # per step would cost more than the uploads of many small files.
-            room = QUEUE_FILES - len(state.uploading())
+            room = QUEUE_FILES - state.uploading_count()
             batch = heapq.nsmallest(room, ready, key=self._priority)
             chosen = set(batch)
             ready = [r for r in ready if r not in chosen]

@@ -63,11 +63,11 @@ def parse_checkpoint_uri(value: str) -> CheckpointURI:
             f"{value!r}: {problem}",
             "give the checkpoint's top-level directory name (e.g. checkpoint-20) or latest",
         )
-    return CheckpointURI(job_id, None if checkpoint == LATEST else checkpoint, _rank(value))
+    rank = _rank(value, parts.query)
+    return CheckpointURI(job_id, None if checkpoint == LATEST else checkpoint, rank)
 
 
-def _rank(value: str) -> int:
-    query = urlsplit(value).query
+def _rank(value: str, query: str) -> int:
     bad_rank = BadCheckpointURI(
         f"{value!r}: rank must be one node rank (0, 1, ...)", "write ?rank=1, for example"
     )

@@ -228,10 +228,11 @@ class WeightsStager:
             plan = self.outage.call(
                 f"weights[{index}]", lambda: plan_source(index, weights, store, mount)
             )
-        except BaseException as exc:
+        except (StoreError, UsageError) as exc:
             store.close()
-            if isinstance(exc, (StoreError, UsageError)):
-                raise self._fail(index, weights, exc) from exc
+            raise self._fail(index, weights, exc) from exc
+        except BaseException:
+            store.close()
             raise
         if not plan.files:
             raise self._fail(
