@@ -6,7 +6,7 @@ its engine is built and where its credentials come from; everything else is here
 What the engine cannot know stays here: each upload's sha256, computed once while reading and
 stored as the object's ``sha256`` metadata where it is known before the first byte is sent
 (below the multipart size); ranged downloads in parallel, written at their offsets; batches of
-small objects on the engine's async face; and its errors turned into the typed errors of
+small objects, many in flight; and its errors turned into the typed errors of
 :mod:`bt_agent.errors`, a certificate that cannot be trusted among them (a clear error at once,
 never an outage to wait out).
 """
@@ -45,9 +45,7 @@ from bt_agent.storage.base import (
 )
 from bt_agent.storage.keys import join_key, relative_key
 
-if TYPE_CHECKING:  # asyncio itself costs a start 30 ms: imported where a batch runs
-    import asyncio
-
+if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig
 
 T = TypeVar("T")
@@ -109,6 +107,7 @@ class EngineStore(ObjectStore):
         self._engine: Any = None
         self._lock = threading.Lock()
         self._parts: _DaemonPool | None = None
+        self._batches: _DaemonPool | None = None
         self._multipart = threading.BoundedSemaphore(self.tuning.multipart_uploads)
 
     @abstractmethod
@@ -146,9 +145,10 @@ class EngineStore(ObjectStore):
     def close(self) -> None:
         with self._lock:
             self._engine = None
-            if self._parts is not None:
-                self._parts.shutdown()
-                self._parts = None
+            for pool in (self._parts, self._batches):
+                if pool is not None:
+                    pool.shutdown()
+            self._parts = self._batches = None
 
     def _pool(self) -> _DaemonPool:
         with self._lock:
@@ -433,110 +433,111 @@ class EngineStore(ObjectStore):
 
         self._engine_call(key, lambda engine: obstore.delete(engine, self._key(key)))
 
-    # --- many small objects at once, on the engine's async face --------------------------------
+    # --- many small objects at once ----------------------------------------------------------
 
     def batch_max_size(self) -> int:
         return self.tuning.batch_max_size
 
+    def _batch_pool(self) -> _DaemonPool:
+        with self._lock:
+            if self._batches is None:
+                self._batches = _DaemonPool(self.tuning.batch_in_flight, "bt-batch")
+            return self._batches
+
     def download_batch(self, wanted: Iterator[Wanted], finished: Finished) -> None:
-        from bt_agent.storage import aio
+        """Up to ``batch_in_flight`` objects at once, each one GET read whole and placed; no
+        object is taken from ``wanted`` once one has failed (the caller fetches the rest one
+        by one)."""
+        failed = threading.Event()
 
-        aio.run(self._download_batch(wanted, finished))
-
-    async def _download_batch(self, wanted: Iterator[Wanted], finished: Finished) -> None:
-        import asyncio
-
-        import obstore
-
-        engine = self.engine
-        room = asyncio.Semaphore(self.tuning.batch_in_flight)
-        failed = False
-        tasks: set[asyncio.Task[None]] = set()
-
-        async def fetch(item: Wanted) -> None:
-            nonlocal failed
-            key = item.expected.key
-            outcome: Exception | None = None
-            try:
-                result = await obstore.get_async(engine, self._key(key))
-                body = bytes(await result.bytes_async())
-            except Exception as exc:
-                outcome = self._error(exc, key)
-            else:
-                try:
-                    self.place(item, body, result.attributes.get(SHA256_META))
-                except Exception as exc:  # the file system's, or the checksum's
-                    outcome = exc
-            room.release()
-            failed = failed or outcome is not None
+        def fetch(item: Wanted) -> None:
+            outcome = self._fetch_whole(item)
+            if outcome is not None:
+                failed.set()
             finished(item, outcome)
 
-        while not failed:
-            await room.acquire()
-            item = next(wanted, None) if not failed else None
-            if item is None:
-                room.release()
-                break
-            task = asyncio.create_task(fetch(item))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*tasks)
+        def take() -> Iterator[Wanted]:
+            while not failed.is_set() and (item := next(wanted, None)) is not None:
+                yield item
+
+        self._in_flight(fetch, take())
+
+    def _fetch_whole(self, item: Wanted) -> Exception | None:
+        """One object of a batch placed at its destination, or why not."""
+        import obstore
+
+        key = item.expected.key
+        try:
+            result = obstore.get(self.engine, self._key(key))
+            body = bytes(result.bytes())
+        except Exception as exc:
+            return self._error(exc, key)
+        try:
+            self.place(item, body, result.attributes.get(SHA256_META))
+        except Exception as exc:  # the file system's, or the checksum's
+            return exc
+        return None
 
     def upload_stream(
         self,
         take: Callable[[], Sequence[U] | None],
         finished: Callable[[U, str | Exception], None],
     ) -> None:
-        from bt_agent.storage import aio
+        def put(item: U) -> None:
+            finished(item, self._put_whole(item))
 
-        aio.run(self._upload_stream(take, finished))
+        def handed() -> Iterator[U]:
+            while (batch := take()) is not None:
+                yield from batch
 
-    async def _upload_stream(
-        self,
-        take: Callable[[], Sequence[U] | None],
-        finished: Callable[[U, str | Exception], None],
-    ) -> None:
-        import asyncio
+        self._in_flight(put, handed())
 
-        import obstore
+    def _put_whole(self, item: U) -> str | Exception:
+        """One file of an upload stream stored by one PUT: its sha256, or why not."""
+        try:
+            data = item.path.read_bytes()
+        except OSError as exc:
+            return exc
+        digest = hashlib.sha256(data).hexdigest()
+        try:
+            self._put_object(item.key, data, digest)
+        except Exception as exc:
+            return exc
+        return digest
 
-        from bt_agent.storage.aio import in_daemon_thread
+    def _in_flight(self, call: Callable[[T], None], items: Iterator[T]) -> None:
+        """``call`` on each item on the batch threads, at most ``batch_in_flight`` at once;
+        items are taken on the caller's thread, each once there is room for it. Returns when
+        every call is done, so no thread of the batch is inside the engine afterwards (an
+        interpreter that ends then must not find one there); the first error of a call, or of
+        taking an item, is raised then."""
+        room = threading.BoundedSemaphore(self.tuning.batch_in_flight)
+        pending: list[Future[None]] = []
 
-        engine = self.engine
-        room = asyncio.Semaphore(self.tuning.batch_in_flight)
-        tasks: set[asyncio.Task[None]] = set()
-
-        async def put(item: U) -> None:
-            outcome: str | Exception
+        def run(item: T) -> None:
             try:
-                data = item.path.read_bytes()
-            except OSError as exc:
-                outcome = exc
-            else:
-                digest = hashlib.sha256(data).hexdigest()
-                try:
-                    await obstore.put_async(
-                        engine,
-                        self._key(item.key),
-                        data,
-                        attributes={SHA256_META: digest},
-                        use_multipart=False,
-                    )
-                    outcome = digest
-                except Exception as exc:
-                    outcome = self._error(exc, item.key)
-            room.release()
-            finished(item, outcome)
+                call(item)
+            finally:
+                room.release()
 
-        while (batch := await in_daemon_thread(take)) is not None:
-            for item in batch:
-                await room.acquire()
-                task = asyncio.create_task(put(item))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*tasks)
+        try:
+            while True:
+                room.acquire()
+                item = next(items, None)
+                if item is None:
+                    room.release()
+                    break
+                pending.append(self._batch_pool().submit(functools.partial(run, item)))
+                if len(pending) >= 4 * self.tuning.batch_in_flight:  # a long stream: forget
+                    done = [f for f in pending if f.done()]  # the calls that are over
+                    pending = [f for f in pending if f not in done]
+                    for future in done:
+                        future.result()
+        finally:
+            for future in pending:
+                future.exception()  # waits for it
+        for future in pending:
+            future.result()
 
 
 class _DaemonPool:
