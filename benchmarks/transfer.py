@@ -126,11 +126,15 @@ def _s3_rows(
             for client, command in _clients(endpoint).items():
                 # A fresh prefix each round: rclone skips files already there.
                 url = f"s3://{bucket}/{shape.split()[0]}-{client.split()[0]}-{attempt}"
-                target = work / "download"
+                target = work / "downloads" / f"{shape.split()[0]}-{client.split()[0]}-{attempt}"
                 for direction, local in (("upload", source), ("download", target)):
+                    os.sync()  # no run pays for the writeback of the one before it
                     sample = _timed(command(direction, local, url), env)
                     samples.setdefault((client, direction), []).append(sample)
-                shutil.rmtree(target)
+        # Kept until the shape is done: a run right after a deletion of this size is slowed
+        # by it (online discard, ext4's pass over freshly freed inodes), whichever client it is.
+        shutil.rmtree(work / "downloads")
+        os.sync()
         for (client, direction), runs in samples.items():
             wall = statistics.median(w for w, _ in runs)
             cpu = statistics.median(c for _, c in runs)

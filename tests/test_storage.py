@@ -33,7 +33,7 @@ from bt_agent.settings import Environ
 from bt_agent.storage import ObjectStore, open_store
 from bt_agent.storage.azure import AzureStore
 from bt_agent.storage.base import Upload
-from bt_agent.storage.engine import Tuning
+from bt_agent.storage.engine import Proxies, Tuning
 from bt_agent.storage.file import SYNCFS_MIN_FILES, syncfs
 from bt_agent.storage.gcs import GCSStore
 from bt_agent.storage.hf import HFStore
@@ -570,9 +570,14 @@ def test_open_store_urls() -> None:
     environ = Environ({"AWS_ENDPOINT_URL": "http://127.0.0.1:1"})
     s3 = open_store("s3://bucket/some/prefix", environ)
     assert isinstance(s3, S3Store) and (s3.bucket, s3.prefix) == ("bucket", "some/prefix")
-    assert s3.endpoint_url == "http://127.0.0.1:1" and s3.proxy_url is None
-    s3 = open_store("s3://bucket/p", Environ({**environ.values, "HTTPS_PROXY": "http://p:3128"}))
-    assert isinstance(s3, S3Store) and s3.proxy_url == "http://p:3128"
+    assert s3.endpoint_url == "http://127.0.0.1:1" and s3.proxies == Proxies()
+    proxied = {"https_proxy": "http://p:3128", "ALL_PROXY": "http://a:1", "NO_PROXY": ".corp"}
+    s3 = open_store("s3://bucket/p", Environ({**environ.values, **proxied}))
+    assert isinstance(s3, S3Store) and s3.proxies == Proxies("http://p:3128", "http://a:1", ".corp")
+    assert s3.proxies.for_endpoint("http://127.0.0.1:1") == "http://a:1"
+    assert (
+        s3.proxies.for_endpoint(None) == s3.proxies.for_endpoint("https://s3.x") == "http://p:3128"
+    )
     r2 = open_store("r2://acct9.bkt/p", Environ({}))
     assert isinstance(r2, S3Store) and r2.bucket == "bkt"
     assert r2.endpoint_url == "https://acct9.r2.cloudflarestorage.com"

@@ -9,9 +9,11 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import servers
+from http_proxy import ForwardProxy
 
 from bt_agent.errors import StoreError, TransientStoreError
 from bt_agent.settings import Environ
@@ -165,3 +167,35 @@ def test_credentials_that_expire_are_asked_for_again(
     monkeypatch.delenv("AWS_PROFILE")
     assert len(calls.read_text()) >= 2, "the expiring keys were asked for again"
     assert store.read_bytes("f2.bin") == b"weights"
+
+
+@pytest.mark.parametrize("transport", ["http", "https"])
+def test_the_proxy_variables_are_honoured(s3_server: servers.SeaweedFS, transport: str) -> None:
+    """``HTTPS_PROXY`` for an https endpoint (a tunnel: TLS end to end, the endpoint's CA still
+    the one trusted), ``HTTP_PROXY`` for a plain one; ``NO_PROXY`` sends its hosts direct."""
+    assert s3_server.certificates is not None
+    bucket = _bucket(s3_server)
+    endpoint = s3_server.https_endpoint if transport == "https" else s3_server.endpoint
+    where = urlsplit(endpoint)
+    proxy = ForwardProxy()
+    environ = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_CA_BUNDLE": str(s3_server.certificates.ca),
+        f"{transport.upper()}_PROXY": proxy.url,
+    }
+    try:
+        for bypass in ("", f"example.com,{where.hostname}"):
+            before = len(proxy.targets)
+            key = "direct.bin" if bypass else "proxied.bin"
+            url = f"s3://{bucket}/x"
+            with open_store(url, Environ({**environ, "NO_PROXY": bypass}), SECRET, "c") as store:
+                store.write_bytes(key, b"weights")
+                assert store.read_bytes(key) == b"weights"
+                assert key in {info.key for info in store.list()}
+            taken = proxy.targets[before:]
+            if bypass:
+                assert taken == [], f"{bypass} goes direct, yet the proxy took {taken}"
+            else:
+                assert taken and set(taken) == {where.netloc}, taken
+    finally:
+        proxy.close()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from bt_agent.storage.credentials import AzureCredentials
-from bt_agent.storage.engine import ENGINE_RETRIES, EngineStore, Tuning
+from bt_agent.storage.engine import ENGINE_RETRIES, EngineStore, Proxies, Tuning
 
 
 class AzureStore(EngineStore):
@@ -28,7 +28,7 @@ class AzureStore(EngineStore):
         credentials: AzureCredentials | None = None,
         tuning: Tuning | None = None,
         ca_bundle: str | None = None,
-        proxy_url: str | None = None,
+        proxies: Proxies | None = None,
     ) -> None:
         prefix = prefix.strip("/")
         endpoint = credentials.endpoint if credentials else None
@@ -38,7 +38,7 @@ class AzureStore(EngineStore):
         self.container = container
         self.credentials = credentials or AzureCredentials()
         self.ca_bundle = ca_bundle
-        self.proxy_url = proxy_url
+        self.proxies = proxies
 
     def _make_engine(self) -> Any:
         from obstore.store import AzureStore as Engine
@@ -52,7 +52,7 @@ class AzureStore(EngineStore):
             config["endpoint"] = self.endpoint_url
         return Engine(
             self.container,
-            client_options=self._client_options(self.ca_bundle, self.proxy_url),
+            client_options=self._client_options(self.ca_bundle, self.proxies),
             retry_config=ENGINE_RETRIES,
             **config,
         )

@@ -91,6 +91,20 @@ class Tuning:
         return max(base, math.ceil(needed / MiB) * MiB)
 
 
+@dataclass(frozen=True)
+class Proxies:
+    """The proxies of the standard variables, as curl and botocore read them: one for each
+    scheme of the endpoint, and the hosts that go direct (``NO_PROXY``'s list)."""
+
+    https: str | None = None
+    http: str | None = None
+    excludes: str | None = None
+
+    def for_endpoint(self, endpoint: str | None) -> str | None:
+        """The proxy for requests to ``endpoint`` (None: the service's own, over https)."""
+        return self.http if endpoint and endpoint.startswith("http://") else self.https
+
+
 class EngineStore(ObjectStore):
     """A store whose requests obstore makes. ``endpoint_url`` and ``ca_variable`` name, in
     errors, where requests go and how to trust its certificate."""
@@ -122,7 +136,7 @@ class EngineStore(ObjectStore):
                 self._engine = self._make_engine()
             return self._engine
 
-    def _client_options(self, ca_bundle: str | None, proxy_url: str | None) -> ClientConfig:
+    def _client_options(self, ca_bundle: str | None, proxies: Proxies | None) -> ClientConfig:
         endpoint = self.endpoint_url
         options: ClientConfig = {
             "connect_timeout": timedelta(seconds=10),
@@ -138,8 +152,11 @@ class EngineStore(ObjectStore):
                     f"({exc.strerror}); point it at the PEM file of the endpoint's CA",
                     self.uri(),
                 ) from exc
-        if proxy_url:
-            options["proxy_url"] = proxy_url
+        proxy = proxies.for_endpoint(endpoint) if proxies else None
+        if proxy:
+            options["proxy_url"] = proxy
+            if proxies and proxies.excludes:
+                options["proxy_excludes"] = proxies.excludes
         return options
 
     def close(self) -> None:

@@ -15,13 +15,13 @@ from bt_agent.storage.credentials import (
     gcs_service_account,
     s3_keys,
 )
+from bt_agent.storage.engine import Proxies
 from bt_agent.storage.file import FileStore
 
 R2_ENDPOINT = "https://{account}.r2.cloudflarestorage.com"
 R2_ENDPOINT_VARIABLE = "BT_R2_ENDPOINT_URL"  # overrides the endpoint (tests, proxies)
 CA_BUNDLE_VARIABLE = "AWS_CA_BUNDLE"  # a PEM file of CAs trusted beside the system's
 REGION_VARIABLE = "AWS_DEFAULT_REGION"  # botocore's; where unset, botocore reads the profile
-PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
 
 
 def open_store(
@@ -46,7 +46,7 @@ def open_store(
             region=(keys.region if keys else None) or environ.get(REGION_VARIABLE),
             endpoint_url=environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL"),
             ca_bundle=environ.get(CA_BUNDLE_VARIABLE),
-            proxy_url=_proxy(environ),
+            proxies=_proxies(environ),
         )
     if scheme == "r2":
         return _r2(url, environ, secret, secret_name)
@@ -95,7 +95,7 @@ def _r2(url: str, environ: Environ, secret: str | None, secret_name: str) -> Obj
         endpoint_url=endpoint,
         region="auto",
         ca_bundle=environ.get(CA_BUNDLE_VARIABLE),
-        proxy_url=_proxy(environ),
+        proxies=_proxies(environ),
     )
 
 
@@ -116,7 +116,7 @@ def _azure(url: str, environ: Environ, secret: str | None, secret_name: str) -> 
         prefix,
         credentials=credentials,
         ca_bundle=environ.get("SSL_CERT_FILE"),
-        proxy_url=_proxy(environ),
+        proxies=_proxies(environ),
     )
 
 
@@ -141,6 +141,17 @@ def _environment_keys(environ: Environ) -> S3Keys | None:
     return S3Keys(key_id, secret_key, session_token=environ.get("AWS_SESSION_TOKEN") or None)
 
 
-def _proxy(environ: Environ) -> str | None:
-    """The proxy of the standard variables, as curl and botocore read them."""
-    return next((value for value in map(environ.get, PROXY_VARIABLES) if value), None)
+def _proxies(environ: Environ) -> Proxies:
+    """The proxies of the standard variables (either case; ``ALL_PROXY`` for a scheme without
+    its own), as curl and botocore read them."""
+
+    def first(*names: str) -> str | None:
+        return next(
+            (v for name in names for v in (environ.get(name), environ.get(name.lower())) if v), None
+        )
+
+    return Proxies(
+        https=first("HTTPS_PROXY", "ALL_PROXY"),
+        http=first("HTTP_PROXY", "ALL_PROXY"),
+        excludes=first("NO_PROXY"),
+    )

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from bt_agent.errors import AccessDeniedError
 from bt_agent.storage.credentials import S3Keys
-from bt_agent.storage.engine import ENGINE_RETRIES, EngineStore, Tuning
+from bt_agent.storage.engine import ENGINE_RETRIES, EngineStore, Proxies, Tuning
 
 if TYPE_CHECKING:
     from obstore.store import S3Credential
@@ -42,7 +42,7 @@ class S3Store(EngineStore):
         region: str | None = None,
         tuning: Tuning | None = None,
         ca_bundle: str | None = None,
-        proxy_url: str | None = None,
+        proxies: Proxies | None = None,
     ) -> None:
         prefix = prefix.strip("/")
         super().__init__(
@@ -55,7 +55,7 @@ class S3Store(EngineStore):
         self.keys = keys
         self.region = region or (keys.region if keys else None)
         self.ca_bundle = ca_bundle
-        self.proxy_url = proxy_url
+        self.proxies = proxies
 
     def _make_engine(self) -> Any:
         from obstore.store import S3Store as Engine
@@ -76,7 +76,7 @@ class S3Store(EngineStore):
             region=region or "us-east-1",
             checksum_algorithm="sha256",
             credential_provider=keys,
-            client_options=self._client_options(self.ca_bundle, self.proxy_url),
+            client_options=self._client_options(self.ca_bundle, self.proxies),
             retry_config=ENGINE_RETRIES,
             **config,
         )

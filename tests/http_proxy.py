@@ -1,0 +1,58 @@
+"""An HTTP proxy on 127.0.0.1, as a corporate network puts between a job and its store: it
+tunnels ``CONNECT host:port`` (https, TLS end to end) and forwards requests in absolute form
+(``GET http://host:port/path``, plain http) to the host they name. It remembers where each
+connection it took went, so a test can tell which requests went through it.
+
+Written here because no proxy server is among the tools the tests may install; it speaks only
+the two forms a client uses, each connection to one destination, the bytes passed unchanged.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from urllib.parse import urlsplit
+
+from fault_proxy import _pipe
+
+
+class ForwardProxy:
+    def __init__(self) -> None:
+        self.targets: list[str] = []  # "host:port" of each connection taken
+        self._server = socket.create_server(("127.0.0.1", 0))
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.getsockname()[1]}"
+
+    def close(self) -> None:
+        self._server.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        with client:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                data = client.recv(65536)
+                if not data:
+                    return
+                head += data
+            method, target, _ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
+            where = target if method == "CONNECT" else urlsplit(target).netloc
+            self.targets.append(where)
+            host, _, port = where.rpartition(":")
+            with socket.create_connection((host, int(port))) as upstream:
+                if method == "CONNECT":
+                    client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    head = head.partition(b"\r\n\r\n")[2]
+                upstream.sendall(head)
+                threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
+                _pipe(client, upstream)
