@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import table, write_json
+from _common import evict, table, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -38,12 +38,9 @@ WARM_RUNS = 3
 #: Cold runs per shape, each interleaved with an s5cmd run; the medians are compared (single
 #: cold runs of the same build spread by up to 2x on this shared machine).
 COLD_RUNS = 3
-#: Every run's output (and node cache) is kept until its shape is done, then removed and synced
-#: before the next shape: on this kind of VM, freeing space makes the disk slow for whatever
-#: runs next (ext4 with online ``discard`` trims what was freed; and ext4 passes over inodes
-#: freed in the last minute or more when it allocates new ones, which led the kernel's profile
-#: of s5cmd and the agent alike), so a run right after a deletion took up to 3x as long,
-#: whichever tool it was. The disk must hold six copies of the largest shape.
+#: Every run's output (and node cache) is evicted from the page cache after the run and kept
+#: on disk until its shape is done (see ``_common.evict``): the disk must hold six copies of
+#: the largest shape.
 
 
 def _model(
@@ -134,10 +131,11 @@ def main() -> int:
                 for attempt in range(COLD_RUNS):  # interleaved, each from an empty cache
                     run = f"{index}-{attempt}"
                     env["BT_NODE_CACHE_DIR"] = str(work / f"cache-{run}")
-                    os.sync()  # neither run pays for the writeback of what ran before it
+                    os.sync()  # no run pays for the writeback of what ran before it
                     peers.append(_s5cmd(endpoint, env, url, work / f"s5-{run}"))
-                    os.sync()
+                    evict(work / f"s5-{run}")
                     colds.append(_stage(spec, work / f"cold-{run}", env))
+                    evict(work / f"cache-{run}")
                 peer, cold = statistics.median(peers), statistics.median(colds)
                 warms = []
                 for attempt in range(WARM_RUNS):  # each a fresh mount from the filled cache

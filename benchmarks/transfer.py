@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _common import table, write_json, write_tree
+from _common import evict, table, write_json, write_tree
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -131,8 +131,7 @@ def _s3_rows(
                     os.sync()  # no run pays for the writeback of the one before it
                     sample = _timed(command(direction, local, url), env)
                     samples.setdefault((client, direction), []).append(sample)
-        # Kept until the shape is done: a run right after a deletion of this size is slowed
-        # by it (online discard, ext4's pass over freshly freed inodes), whichever client it is.
+                evict(target, server.data)  # kept on disk until the shape is done
         shutil.rmtree(work / "downloads")
         os.sync()
         for (client, direction), runs in samples.items():
