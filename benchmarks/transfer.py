@@ -158,23 +158,25 @@ def _file_rows(shapes: dict[str, Path], work: Path, repeat: int) -> list[dict]:
     rows = []
     for shape, source in shapes.items():
         size = sum(p.stat().st_size for p in source.iterdir())
-        runs = {
-            "bt-agent": [
-                sys.executable,
-                str(REPO / "benchmarks" / "_ours.py"),
-                "upload",
-                str(source),
-                (work / "file-store").as_uri(),
-            ],
-            "cp -r + sync": ["sh", "-c", f"cp -r {source} {work / 'cp-copy'} && sync"],
-        }
         samples: dict[str, list[tuple[float, float]]] = {}
-        for _ in range(repeat):
+        for attempt in range(repeat):
+            store, copy = work / "file" / f"store-{attempt}", work / "file" / f"cp-{attempt}"
+            runs = {
+                "bt-agent": [
+                    sys.executable,
+                    str(REPO / "benchmarks" / "_ours.py"),
+                    "upload",
+                    str(source),
+                    store.as_uri(),
+                ],
+                "cp -r + sync": ["sh", "-c", f"cp -r {source} {copy} && sync"],
+            }
             for client, argv in runs.items():
-                subprocess.run(["sync"], check=True)  # each starts with nothing to write back
+                os.sync()  # each starts with nothing to write back
                 samples.setdefault(client, []).append(_timed(argv, dict(os.environ)))
-                shutil.rmtree(work / "file-store", ignore_errors=True)
-                shutil.rmtree(work / "cp-copy", ignore_errors=True)
+            evict(store, copy)  # kept on disk until the shape is done
+        shutil.rmtree(work / "file")
+        os.sync()
         for client, measured in samples.items():
             wall = statistics.median(w for w, _ in measured)
             rows.append(
