@@ -13,6 +13,7 @@ import contextlib
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 SLOW_DOWN = (
@@ -45,8 +46,7 @@ class FaultProxy:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
-        self._server = socket.create_server(("127.0.0.1", 0))
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._server = listen(self._serve)
 
     @property
     def endpoint(self) -> str:
@@ -65,17 +65,9 @@ class FaultProxy:
                 return True
             return False
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
     def _serve(self, client: socket.socket) -> None:
         with client, socket.create_connection(("127.0.0.1", self.upstream_port)) as upstream:
-            threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
+            threading.Thread(target=pipe, args=(upstream, client), daemon=True).start()
             buffer = b""
             while True:  # one request at a time: head, then its body
                 while b"\r\n\r\n" not in buffer:
@@ -105,6 +97,23 @@ class FaultProxy:
                 upstream.sendall(head + b"\r\n\r\n" + body)
 
 
+def listen(serve: Callable[[socket.socket], None]) -> socket.socket:
+    """A socket listening on 127.0.0.1 (any free port), each connection it takes served by
+    ``serve`` on a thread of its own, until the socket is closed."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def accept() -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(client,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return server
+
+
 def _header(head: bytes, wanted: bytes) -> bytes | None:
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
@@ -123,7 +132,7 @@ def _request_line(head: bytes) -> str:
     return f"{line} {asked.decode('latin-1')}" if asked else line
 
 
-def _pipe(source: socket.socket, target: socket.socket) -> None:
+def pipe(source: socket.socket, target: socket.socket) -> None:
     with contextlib.suppress(OSError):
         while data := source.recv(65536):
             target.sendall(data)

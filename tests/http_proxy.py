@@ -13,14 +13,13 @@ import socket
 import threading
 from urllib.parse import urlsplit
 
-from fault_proxy import _pipe
+from fault_proxy import listen, pipe
 
 
 class ForwardProxy:
     def __init__(self) -> None:
         self.targets: list[str] = []  # "host:port" of each connection taken
-        self._server = socket.create_server(("127.0.0.1", 0))
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._server = listen(self._serve)
 
     @property
     def url(self) -> str:
@@ -28,14 +27,6 @@ class ForwardProxy:
 
     def close(self) -> None:
         self._server.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
         with client:
@@ -54,5 +45,5 @@ class ForwardProxy:
                     client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
                     head = head.partition(b"\r\n\r\n")[2]
                 upstream.sendall(head)
-                threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
-                _pipe(client, upstream)
+                threading.Thread(target=pipe, args=(upstream, client), daemon=True).start()
+                pipe(client, upstream)
