@@ -120,8 +120,7 @@ class EngineStore(ObjectStore):
         self.tuning = tuning or Tuning()
         self._engine: Any = None
         self._lock = threading.Lock()
-        self._parts: _DaemonPool | None = None
-        self._batches: _DaemonPool | None = None
+        self._pools: dict[str, _DaemonPool] = {}  # by name: ranges, batches
         self._multipart = threading.BoundedSemaphore(self.tuning.multipart_uploads)
 
     @abstractmethod
@@ -152,26 +151,25 @@ class EngineStore(ObjectStore):
                     f"({exc.strerror}); point it at the PEM file of the endpoint's CA",
                     self.uri(),
                 ) from exc
-        proxy = proxies.for_endpoint(endpoint) if proxies else None
-        if proxy:
+        if proxies and (proxy := proxies.for_endpoint(endpoint)):
             options["proxy_url"] = proxy
-            if proxies and proxies.excludes:
+            if proxies.excludes:
                 options["proxy_excludes"] = proxies.excludes
         return options
 
     def close(self) -> None:
         with self._lock:
             self._engine = None
-            for pool in (self._parts, self._batches):
-                if pool is not None:
-                    pool.shutdown()
-            self._parts = self._batches = None
+            for pool in self._pools.values():
+                pool.shutdown()
+            self._pools.clear()
 
-    def _pool(self) -> _DaemonPool:
+    def _pool(self, name: str, size: int) -> _DaemonPool:
+        """The store's pool of ``size`` threads called ``name``, started at first use."""
         with self._lock:
-            if self._parts is None:
-                self._parts = _DaemonPool(self.tuning.concurrency, "bt-engine")
-            return self._parts
+            if name not in self._pools:
+                self._pools[name] = _DaemonPool(size, name)
+            return self._pools[name]
 
     def _key(self, key: str) -> str:
         return join_key(self.prefix, key)
@@ -334,7 +332,7 @@ class EngineStore(ObjectStore):
         try:
             os.ftruncate(fd, info.size)
             futures = [
-                self._pool().submit(
+                self._pool("bt-ranges", self.tuning.concurrency).submit(
                     functools.partial(
                         self._fetch_range, key, fd, start, min(part, info.size - start)
                     )
@@ -455,12 +453,6 @@ class EngineStore(ObjectStore):
     def batch_max_size(self) -> int:
         return self.tuning.batch_max_size
 
-    def _batch_pool(self) -> _DaemonPool:
-        with self._lock:
-            if self._batches is None:
-                self._batches = _DaemonPool(self.tuning.batch_in_flight, "bt-batch")
-            return self._batches
-
     def download_batch(self, wanted: Iterator[Wanted], finished: Finished) -> None:
         """Up to ``batch_in_flight`` objects at once, each one GET read whole and placed; no
         object is taken from ``wanted`` once one has failed (the caller fetches the rest one
@@ -529,6 +521,7 @@ class EngineStore(ObjectStore):
         interpreter that ends then must not find one there); the first error of a call, or of
         taking an item, is raised then."""
         room = threading.BoundedSemaphore(self.tuning.batch_in_flight)
+        pool = self._pool("bt-batch", self.tuning.batch_in_flight)
         pending: list[Future[None]] = []
 
         def run(item: T) -> None:
@@ -544,12 +537,14 @@ class EngineStore(ObjectStore):
                 if item is None:
                     room.release()
                     break
-                pending.append(self._batch_pool().submit(functools.partial(run, item)))
+                pending.append(pool.submit(functools.partial(run, item)))
                 if len(pending) >= 4 * self.tuning.batch_in_flight:  # a long stream: forget
-                    done = [f for f in pending if f.done()]  # the calls that are over
-                    pending = [f for f in pending if f not in done]
-                    for future in done:
-                        future.result()
+                    over, pending = pending, []  # the calls that are over, their errors raised
+                    for future in over:
+                        if future.done():
+                            future.result()
+                        else:
+                            pending.append(future)
         finally:
             for future in pending:
                 future.exception()  # waits for it
