@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import re
 import subprocess
@@ -186,6 +187,55 @@ def test_cache_fills_once_under_concurrency(tmp_path: Path) -> None:
     for thread in threads:
         thread.join()
     assert len(calls) == 1 and cache.path(entry).read_bytes() == b"abc"
+
+
+def test_an_entry_claim_excludes_other_holders_of_that_entry_only(tmp_path: Path) -> None:
+    """A claim holds one entry: against another claim of this process and another process's
+    lock, not against entries that share its first hex digits; no file is made per entry."""
+    cache = NodeCache(tmp_path / "cache")
+    entry = "abc" + "0" * 61
+    neighbour = "abc" + "1" * 61  # the same lock stripe where stripes are used
+    held = cache.claim(entry)
+    assert held is not None
+    assert cache.claim(entry) is None
+    other = cache.claim(neighbour)
+    assert other is not None, "an entry's lock must not hold its neighbours"
+    other.release()
+    waiter = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from bt_agent.staging.cache import NodeCache; "
+            "c = NodeCache(Path(sys.argv[1])); sys.exit(c.claim(sys.argv[2]) is None)",
+            str(cache.root),
+            entry,
+        ],
+        check=False,
+    )
+    assert waiter.returncode == 1, "another process took an entry this one holds"
+    held.release()
+    again = cache.claim(entry)
+    assert again is not None
+    again.release()
+    if hasattr(fcntl, "F_OFD_SETLK"):
+        assert [p.name for p in (cache.root / "locks").iterdir()] == ["entries.lock"]
+
+
+def test_without_range_locks_entries_lock_their_stripe_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where open file description locks are missing (not Linux), a claim locks its entry's
+    stripe file whole."""
+    monkeypatch.setattr("bt_agent.staging.cache._RANGE_LOCKS", False)
+    cache = NodeCache(tmp_path / "cache")
+    entry = "abc" + "0" * 61
+    held = cache.claim(entry)
+    assert held is not None and cache.claim(entry) is None
+    assert (cache.root / "locks" / "abc.lock").is_file()
+    held.release()
+    again = cache.claim(entry)
+    assert again is not None
+    again.release()
 
 
 def test_two_agents_staging_one_source_fetch_each_file_once(

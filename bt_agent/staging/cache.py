@@ -1,19 +1,23 @@
 """The node cache: content-addressed files shared by every job on the node.
 
-An entry is filled only by an atomic rename (the storage layer's download), under a file lock,
-so two agents staging the same source fetch it once and neither sees a partial file. Locks are
-striped (entries sharing the first three hex digits share one of 4,096 lock files): a lock file
-per entry would create a second inode for every file fetched, which costs as much as the file.
+An entry is filled only by an atomic rename (the storage layer's download), under a lock of its
+own, so two agents staging the same source fetch it once and neither sees a partial file. On
+Linux an entry's lock is one byte of a single lock file (an open file description lock at the
+offset its id names): no inode is created per entry, whose creation costs as much as a small
+file's. Elsewhere entries share striped lock files (those whose ids begin with the same three hex
+digits share one of 4,096) locked whole with ``flock``.
 Mounts are hard links to entries: an entry whose link count is above one is mounted by some job
 and is never evicted. Least recently used entries go first when the cache is over its budget.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
 import shutil
+import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -22,8 +26,15 @@ from pathlib import Path
 
 from bt_agent.settings import NODE_CACHE_CONTAINER_DIR
 
-#: Hex digits of an entry id that pick its lock file.
+#: Where ``F_OFD_SETLK`` is missing: hex digits of an entry id that pick its lock file.
 LOCK_STRIPE_DIGITS = 3
+#: The single lock file of the entries, where byte-range locks of open file descriptions exist.
+LOCK_FILE = "entries.lock"
+#: Hex digits of an entry id that name its byte of ``LOCK_FILE`` (under 2**63).
+LOCK_OFFSET_DIGITS = 15
+_RANGE_LOCKS = hasattr(fcntl, "F_OFD_SETLK")
+_FLOCK = struct.Struct("hhqqixxxx")  # struct flock: type, whence, start, len, pid (must be 0)
+_HELD = (errno.EAGAIN, errno.EACCES)  # another description holds the lock
 #: Entries are read-only: mounts are hard links to them.
 ENTRY_MODE = 0o444
 
@@ -36,6 +47,16 @@ def copy_atomic(source: Path, target: Path) -> None:
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
+
+
+def _take(fd: int, entry: str, wait: bool) -> None:
+    """Lock ``entry`` through ``fd``: its byte of the lock file, or the whole stripe file."""
+    if _RANGE_LOCKS:
+        offset = int(entry[:LOCK_OFFSET_DIGITS], 16)
+        command = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
+        fcntl.fcntl(fd, command, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0))
+    else:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
 
 
 def entry_id(*parts: str) -> str:
@@ -79,21 +100,36 @@ class NodeCache:
         """The entry's path as text: staging asks for thousands (no Path built for each)."""
         return f"{self._objects}/{entry[:2]}/{entry}"
 
-    def _lock_file(self, entry: str) -> int:
-        """A new descriptor of the entry's lock file: each is its own lock holder, so a lock
-        is held by one thread of one process at a time."""
-        path = f"{self._locks}/{entry[:LOCK_STRIPE_DIGITS]}.lock"
+    def _open_lock(self, name: str) -> int:
+        path = f"{self._locks}/{name}"
         try:
             return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except FileNotFoundError:
             self.locks.mkdir(parents=True, exist_ok=True)
             return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
+    def _lock(self, entry: str, wait: bool) -> int | None:
+        """A new descriptor that holds the entry's lock (closing it lets go), or None when
+        another holds it and ``wait`` is False. Each descriptor is its own lock holder, so a
+        lock is held by one thread of one process at a time."""
+        fd = self._open_lock(LOCK_FILE if _RANGE_LOCKS else f"{entry[:LOCK_STRIPE_DIGITS]}.lock")
+        try:
+            _take(fd, entry, wait)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in _HELD and not wait:
+                return None
+            raise
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
     @contextmanager
     def _locked(self, entry: str) -> Iterator[None]:
-        fd = self._lock_file(entry)
+        fd = self._lock(entry, wait=True)
+        assert fd is not None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
             os.close(fd)  # releases the lock
@@ -101,16 +137,8 @@ class NodeCache:
     def claim(self, entry: str) -> Claim | None:
         """The entry's lock if no one holds it now, else None (:meth:`ensure` waits for it).
         The holder fills the entry atomically, then releases the claim."""
-        fd = self._lock_file(entry)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        except BaseException:
-            os.close(fd)
-            raise
-        return Claim(fd)
+        fd = self._lock(entry, wait=False)
+        return None if fd is None else Claim(fd)
 
     def prepare(self, entries: Iterable[str]) -> None:
         """Create the directories that ``entries`` will go in."""
