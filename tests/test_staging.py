@@ -201,6 +201,9 @@ def test_an_entry_claim_excludes_other_holders_of_that_entry_only(tmp_path: Path
     other = cache.claim(neighbour)
     assert other is not None, "an entry's lock must not hold its neighbours"
     other.release()
+    odd = cache.claim("an entry of any name")  # e.g. a stray file that eviction comes upon
+    assert odd is not None
+    odd.release()
     waiter = subprocess.run(
         [
             sys.executable,

@@ -2,8 +2,8 @@
 
 An entry is filled only by an atomic rename (the storage layer's download), under a lock of its
 own, so two agents staging the same source fetch it once and neither sees a partial file. On
-Linux an entry's lock is one byte of a single lock file (an open file description lock at the
-offset its id names): no inode is created per entry, whose creation costs as much as a small
+Linux an entry's lock is one byte of a single lock file (an open file description lock at an
+offset its name gives): no inode is created per entry, whose creation costs as much as a small
 file's. Elsewhere entries share striped lock files (those whose ids begin with the same three hex
 digits share one of 4,096) locked whole with ``flock``.
 Mounts are hard links to entries: an entry whose link count is above one is mounted by some job
@@ -30,7 +30,7 @@ from bt_agent.settings import NODE_CACHE_CONTAINER_DIR
 LOCK_STRIPE_DIGITS = 3
 #: The single lock file of the entries, where byte-range locks of open file descriptions exist.
 LOCK_FILE = "entries.lock"
-#: Hex digits of an entry id that name its byte of ``LOCK_FILE`` (under 2**63).
+#: Hex digits of the sha256 of an entry's name that give its byte of ``LOCK_FILE`` (< 2**63).
 LOCK_OFFSET_DIGITS = 15
 _RANGE_LOCKS = hasattr(fcntl, "F_OFD_SETLK")
 _FLOCK = struct.Struct("hhqqixxxx")  # struct flock: type, whence, start, len, pid (must be 0)
@@ -52,7 +52,7 @@ def copy_atomic(source: Path, target: Path) -> None:
 def _take(fd: int, entry: str, wait: bool) -> None:
     """Lock ``entry`` through ``fd``: its byte of the lock file, or the whole stripe file."""
     if _RANGE_LOCKS:
-        offset = int(entry[:LOCK_OFFSET_DIGITS], 16)
+        offset = int(hashlib.sha256(entry.encode()).hexdigest()[:LOCK_OFFSET_DIGITS], 16)
         command = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
         fcntl.fcntl(fd, command, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0))
     else:
