@@ -33,12 +33,10 @@ class AzureStore(EngineStore):
         prefix = prefix.strip("/")
         endpoint = credentials.endpoint if credentials else None
         url = f"azure://{account}/{container}" + (f"/{prefix}" if prefix else "")
-        super().__init__(prefix, url, endpoint, tuning)
+        super().__init__(prefix, url, endpoint, tuning, ca_bundle, proxies)
         self.account = account
         self.container = container
         self.credentials = credentials or AzureCredentials()
-        self.ca_bundle = ca_bundle
-        self.proxies = proxies
 
     def _make_engine(self) -> Any:
         from obstore.store import AzureStore as Engine
@@ -52,7 +50,7 @@ class AzureStore(EngineStore):
             config["endpoint"] = self.endpoint_url
         return Engine(
             self.container,
-            client_options=self._client_options(self.ca_bundle, self.proxies),
+            client_options=self._client_options(),
             retry_config=ENGINE_RETRIES,
             **config,
         )

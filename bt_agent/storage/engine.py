@@ -113,10 +113,20 @@ class EngineStore(ObjectStore):
     max_copy_bytes: int | None = None
     ca_variable = "SSL_CERT_FILE"
 
-    def __init__(self, prefix: str, url: str, endpoint_url: str | None, tuning: Tuning | None):
+    def __init__(
+        self,
+        prefix: str,
+        url: str,
+        endpoint_url: str | None,
+        tuning: Tuning | None,
+        ca_bundle: str | None = None,
+        proxies: Proxies | None = None,
+    ) -> None:
         self.prefix = prefix.strip("/")
         self.url = url
         self.endpoint_url = endpoint_url
+        self.ca_bundle = ca_bundle  # a PEM file of CAs trusted beside the system's
+        self.proxies = proxies
         self.tuning = tuning or Tuning()
         self._engine: Any = None
         self._lock = threading.Lock()
@@ -135,8 +145,9 @@ class EngineStore(ObjectStore):
                 self._engine = self._make_engine()
             return self._engine
 
-    def _client_options(self, ca_bundle: str | None, proxies: Proxies | None) -> ClientConfig:
-        endpoint = self.endpoint_url
+    def _client_options(self) -> ClientConfig:
+        """Timeouts, plain HTTP where the endpoint asks for it, ``ca_bundle`` and the proxy."""
+        endpoint, ca_bundle, proxies = self.endpoint_url, self.ca_bundle, self.proxies
         options: ClientConfig = {
             "connect_timeout": timedelta(seconds=10),
             "timeout": timedelta(seconds=300),

@@ -50,12 +50,12 @@ class S3Store(EngineStore):
             url or f"s3://{bucket}" + (f"/{prefix}" if prefix else ""),
             endpoint_url,
             tuning,
+            ca_bundle,
+            proxies,
         )
         self.bucket = bucket
         self.keys = keys
         self.region = region or (keys.region if keys else None)
-        self.ca_bundle = ca_bundle
-        self.proxies = proxies
 
     def _make_engine(self) -> Any:
         from obstore.store import S3Store as Engine
@@ -76,7 +76,7 @@ class S3Store(EngineStore):
             region=region or "us-east-1",
             checksum_algorithm="sha256",
             credential_provider=keys,
-            client_options=self._client_options(self.ca_bundle, self.proxies),
+            client_options=self._client_options(),
             retry_config=ENGINE_RETRIES,
             **config,
         )
