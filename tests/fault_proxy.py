@@ -13,7 +13,6 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 SLOW_DOWN = (
@@ -24,8 +23,37 @@ SLOW_DOWN = (
 )
 
 
+class Listener:
+    """Listens on 127.0.0.1 (any free port) once :meth:`_listen` is called; each connection it
+    takes is served by :meth:`_serve` on a thread of its own, until :meth:`close`."""
+
+    _server: socket.socket
+
+    def _listen(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0))
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        raise NotImplementedError
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self._server.getsockname()[1]}"
+
+    def close(self) -> None:
+        self._server.close()
+
+
 @dataclass
-class FaultProxy:
+class FaultProxy(Listener):
     """Listens on 127.0.0.1; the first ``slow_down`` requests are answered 503 SlowDown, and
     the body of the first ``corrupt`` requests that carry one has a byte flipped; every request
     (or only those whose request line holds ``delay_only``) waits ``delay`` seconds before it
@@ -42,18 +70,10 @@ class FaultProxy:
     )  # their request lines: "GET /bucket/key HTTP/1.1"
     answered: int = 0  # requests answered 503 by the proxy itself
     corrupted: int = 0
-    _server: socket.socket = field(init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
-        self._server = listen(self._serve)
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self._server.getsockname()[1]}"
-
-    def close(self) -> None:
-        self._server.close()
+        self._listen()
 
     def _take(self, what: str) -> bool:
         with self._lock:
@@ -95,23 +115,6 @@ class FaultProxy:
                 if body and self._take("corrupt"):
                     body = bytes([body[0] ^ 0xFF]) + body[1:]
                 upstream.sendall(head + b"\r\n\r\n" + body)
-
-
-def listen(serve: Callable[[socket.socket], None]) -> socket.socket:
-    """A socket listening on 127.0.0.1 (any free port), each connection it takes served by
-    ``serve`` on a thread of its own, until the socket is closed."""
-    server = socket.create_server(("127.0.0.1", 0))
-
-    def accept() -> None:
-        while True:
-            try:
-                client, _ = server.accept()
-            except OSError:
-                return
-            threading.Thread(target=serve, args=(client,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    return server
 
 
 def _header(head: bytes, wanted: bytes) -> bytes | None:

@@ -13,20 +13,13 @@ import socket
 import threading
 from urllib.parse import urlsplit
 
-from fault_proxy import listen, pipe
+from fault_proxy import Listener, pipe
 
 
-class ForwardProxy:
+class ForwardProxy(Listener):
     def __init__(self) -> None:
         self.targets: list[str] = []  # "host:port" of each connection taken
-        self._server = listen(self._serve)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.getsockname()[1]}"
-
-    def close(self) -> None:
-        self._server.close()
+        self._listen()
 
     def _serve(self, client: socket.socket) -> None:
         with client:

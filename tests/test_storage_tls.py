@@ -181,7 +181,7 @@ def test_the_proxy_variables_are_honoured(s3_server: servers.SeaweedFS, transpor
     environ = {
         "AWS_ENDPOINT_URL": endpoint,
         "AWS_CA_BUNDLE": str(s3_server.certificates.ca),
-        f"{transport.upper()}_PROXY": proxy.url,
+        f"{transport.upper()}_PROXY": proxy.endpoint,
     }
     try:
         for bypass in ("", f"example.com,{where.hostname}"):
