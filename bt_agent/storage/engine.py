@@ -73,14 +73,17 @@ class Tuning:
     Multipart uploads hold file content in memory, a part per request in flight and one being
     read: at most ``multipart_uploads`` of them run at once per store, whatever the number of
     callers (the checkpoint sidecar uploads many files at a time, beside training), so they
-    hold at most ``multipart_uploads x (concurrency + 1) x upload_part_size`` bytes. Ranged
-    downloads are written as they arrive and hold next to nothing."""
+    hold at most ``multipart_uploads x (upload_concurrency + 1) x upload_part_size`` bytes.
+    Two uploads of fewer parts each keep the store busier than one of as many parts in all:
+    one upload's parts are read and hashed one after another, and its completion waits on the
+    store. Ranged downloads are written as they arrive and hold next to nothing."""
 
     multipart_threshold: int = 16 * MiB  # downloads above this: parallel ranged GETs
     part_size: int = 16 * MiB  # the range of each
     upload_part_size: int = 8 * MiB  # uploads above this: multipart, in parts of this size
-    concurrency: int = 8  # parts in flight per transfer
-    multipart_uploads: int = 1  # multipart uploads at once per store (others wait their turn)
+    concurrency: int = 8  # ranges in flight per store, over all its downloads
+    upload_concurrency: int = 4  # parts in flight per multipart upload
+    multipart_uploads: int = 2  # multipart uploads at once per store (others wait their turn)
     list_page_size: int = 1000
     batch_max_size: int = MiB  # objects up to this size may be fetched in batches
     batch_in_flight: int = 32  # requests at once in a batch or an upload stream
@@ -411,7 +414,7 @@ class EngineStore(ObjectStore):
                     self._key(key),
                     parts(),
                     chunk_size=part,
-                    max_concurrency=self.tuning.concurrency,
+                    max_concurrency=self.tuning.upload_concurrency,
                 ),
             )
         return whole.hexdigest()
