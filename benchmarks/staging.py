@@ -115,6 +115,7 @@ def main() -> int:
             for index, (shape, source) in enumerate(shapes.items()):
                 url = f"s3://weights/shape{index}"
                 _upload(endpoint, env, source, url)
+                evict(source)  # only the store's copy is read from here on
                 size = sum(p.stat().st_size for p in source.iterdir())
                 spec = work / f"spec{index}.json"
                 spec.write_text(
