@@ -4,9 +4,9 @@
     python benchmarks/staging.py [--model-gib 2] [--large-gib 8] [--small-count 5000] [--tls]
 
 Cold and warm staging are timed inside the agent process (the DEPLOYING phase itself, after
-imports); cold is the median of three runs from an empty cache, each after an s5cmd run (whose
-median it is compared with); warm is the median of three fresh mounts; s5cmd is timed as a whole
-command.
+imports); cold is the median of three runs from an empty cache, each beside an s5cmd run (whose
+median it is compared with; which of the two goes first alternates); warm is the median of
+three fresh mounts; s5cmd is timed as a whole command.
 With ``--tls`` the store is SeaweedFS's TLS port (its certificate signed by a CA of the run's
 own, trusted by both through ``AWS_CA_BUNDLE``).
 Targets: cold at least 1.0x s5cmd's throughput; warm at most 0.05 s for either model.
@@ -132,11 +132,14 @@ def main() -> int:
                 for attempt in range(COLD_RUNS):  # interleaved, each from an empty cache
                     run = f"{index}-{attempt}"
                     env["BT_NODE_CACHE_DIR"] = str(work / f"cache-{run}")
-                    os.sync()  # no run pays for the writeback of what ran before it
-                    peers.append(_s5cmd(endpoint, env, url, work / f"s5-{run}"))
-                    evict(work / f"s5-{run}")
-                    colds.append(_stage(spec, work / f"cold-{run}", env))
-                    evict(work / f"cache-{run}")
+                    turns = [("s5cmd", work / f"s5-{run}"), ("agent", work / f"cache-{run}")]
+                    for who, output in turns if attempt % 2 == 0 else turns[::-1]:
+                        os.sync()  # no run pays for the writeback of what ran before it
+                        if who == "s5cmd":
+                            peers.append(_s5cmd(endpoint, env, url, output))
+                        else:
+                            colds.append(_stage(spec, work / f"cold-{run}", env))
+                        evict(output)
                 peer, cold = statistics.median(peers), statistics.median(colds)
                 warms = []
                 for attempt in range(WARM_RUNS):  # each a fresh mount from the filled cache

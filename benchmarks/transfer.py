@@ -7,9 +7,10 @@ in one run; and file:// against cp -r plus sync.
 Shapes: (a) 4 files of 256 MiB, (b) 2,000 files of 64 KiB; each uploaded then downloaded by each
 client in turn, into a fresh prefix and directory. Prints wall seconds and client CPU seconds per
 GiB (user + system of the client process and its children), each the median of ``--repeat``
-rounds in which the clients take turns. With ``--tls`` every S3 row is run
-over plain HTTP and again over https (SeaweedFS's TLS port, its certificate signed by a CA of
-the run's own that each client trusts: ``AWS_CA_BUNDLE``, rclone's ``--ca-cert``).
+rounds in which the clients take turns (each round begun by the next client, so that none always
+runs first). With ``--tls`` every S3 row is run over plain HTTP and again over https
+(SeaweedFS's TLS port, its certificate signed by a CA of the run's own that each client trusts:
+``AWS_CA_BUNDLE``, rclone's ``--ca-cert``).
 """
 
 from __future__ import annotations
@@ -122,8 +123,10 @@ def _s3_rows(
     for shape, source in shapes.items():
         size = sum(p.stat().st_size for p in source.iterdir())
         samples: dict[tuple[str, str], list[tuple[float, float]]] = {}
-        for attempt in range(repeat):  # the clients interleaved, each round in turn
-            for client, command in _clients(endpoint).items():
+        clients = list(_clients(endpoint).items())
+        for attempt in range(repeat):  # the clients interleaved, each round started by the next
+            turn = attempt % len(clients)
+            for client, command in clients[turn:] + clients[:turn]:
                 # A fresh prefix each round: rclone skips files already there.
                 url = f"s3://{bucket}/{shape.split()[0]}-{client.split()[0]}-{attempt}"
                 target = work / "downloads" / f"{shape.split()[0]}-{client.split()[0]}-{attempt}"
