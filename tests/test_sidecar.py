@@ -364,6 +364,44 @@ def test_many_small_files_to_s3_are_committed_exactly(
     assert_store_holds(open_store(url, Environ(env)), written, "small001")
 
 
+def _scheduling(pid: int) -> dict[str, int]:
+    """The scheduling policy of each thread of ``pid``, by the thread's name."""
+    found = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            found[f"{name}/{task.name}"] = int(fields[38])  # stat's 41st field: the policy
+    return found
+
+
+def test_the_store_engines_threads_upload_at_the_sidecars_low_priority(
+    agent: Agent, s3_server: servers.SeaweedFS
+) -> None:
+    """The S3 engine's own threads (its runtime, started by the agent's first request, before
+    training) do the uploads' requests and checksums: once the sidecar runs, they are
+    SCHED_IDLE like its upload threads, so that they only take CPU time training leaves."""
+    bucket = f"ck{uuid.uuid4().hex[:10]}"
+    s3_server.create_bucket(bucket)
+    go_on = agent.root / "go-on"
+    command = (
+        f"{BIG_CHECKPOINT} && while [ ! -e {go_on} ]; do sleep 0.05; done"  # a multipart upload
+    )
+    env = s3_env(s3_server)
+    url = f"s3://{bucket}/bt"
+    process = agent.start(ckpt_job(command), "--job-id", "prio001", "--store", url, env=env)
+    try:
+        store = open_store(url, Environ(env))
+        wait_for(lambda: manifests(store, "default", "prio001"), 60, "checkpoint-1 committed")
+        threads = _scheduling(process.pid)
+        engine = {name: policy for name, policy in threads.items() if name.startswith("tokio-")}
+        assert engine, f"no engine threads among {sorted(threads)}"
+        assert set(engine.values()) == {os.SCHED_IDLE}, engine
+    finally:
+        go_on.touch()
+    assert finish(process, 60, agent) == 0, agent.output()
+
+
 def _ledger(path: Path) -> dict[str, Any]:
     try:
         return dict(json.loads(path.read_text()))

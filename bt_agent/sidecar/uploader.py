@@ -369,6 +369,7 @@ class Sidecar:
 
     def _loop(self) -> None:
         _lower_priority(self.settings.nice)
+        _share_priority(self.catalog.store.engine_threads())
         while not self._stop.is_set():
             try:
                 self._step(time.monotonic())
@@ -803,6 +804,19 @@ def _lower_priority(increment: int) -> None:
         os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
     with contextlib.suppress(OSError, AttributeError):
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
+def _share_priority(threads: list[int]) -> None:
+    """Give ``threads`` (native ids) the calling thread's priority: its scheduling policy and
+    its niceness. For the store's engine, whose own threads (started before the sidecar, by
+    whatever asked the store first) do the uploads' requests and checksums."""
+    with contextlib.suppress(OSError, AttributeError):
+        policy = os.sched_getscheduler(0)
+        nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        for thread in threads:
+            with contextlib.suppress(OSError):  # one that has ended since
+                os.setpriority(os.PRIO_PROCESS, thread, nice)
+                os.sched_setscheduler(thread, policy, os.sched_param(0))
 
 
 def _allow_open_files(wanted: int) -> None:

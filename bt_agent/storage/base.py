@@ -203,6 +203,11 @@ class ObjectStore(ABC):
         of each: the sha256 of what was stored, or the typed error."""
         raise NotImplementedError(f"{type(self).__name__} has no upload stream")
 
+    def engine_threads(self) -> list[int]:
+        """The native ids of threads outside Python that make this store's requests (none for
+        most backends): the checkpoint sidecar gives them the low priority of its own."""
+        return []
+
     def close(self) -> None:  # noqa: B027 (most backends hold nothing to let go of)
         """Let go of connections and threads; the store is not used after."""
 

@@ -13,6 +13,7 @@ never an outage to wait out).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import math
@@ -177,6 +178,23 @@ class EngineStore(ObjectStore):
             for pool in self._pools.values():
                 pool.shutdown()
             self._pools.clear()
+
+    def engine_threads(self) -> list[int]:
+        """The engine's runtime (tokio's threads: one runtime per process, shared by every
+        store), which Python did not start: every thread of the process it does not know of.
+        Where no request has started the runtime yet, it is started here, without a request
+        leaving the process, so that its threads inherit the calling thread's scheduling."""
+        import obstore
+        from obstore.store import MemoryStore
+
+        with contextlib.suppress(FileNotFoundError):
+            obstore.head(MemoryStore(), "runtime")
+        python = {thread.native_id for thread in threading.enumerate()}
+        try:
+            native = [int(tid) for tid in os.listdir("/proc/self/task")]
+        except OSError:  # no /proc: not Linux, where threads have no priority of their own
+            return []
+        return [tid for tid in native if tid not in python]
 
     def _pool(self, name: str, size: int) -> _DaemonPool:
         """The store's pool of ``size`` threads called ``name``, started at first use."""
