@@ -22,8 +22,9 @@ for a remote store: it is reniced to 19 so that its own CPU is not charged to th
 the step-time runs it is pinned to the last CPU and the training loop to the first (``--no-pin``:
 neither), as a remote store and a trainer that owns its core would be; pinned, the store runs
 under ``SCHED_IDLE`` like the uploader's threads (at nice 19 it outranked them on its CPU, and
-the scheduler ran them on the loop's instead). The agent is not pinned: its upload threads may
-run anywhere, at the lowest priority. Each step-time row shows the median and the mean step
+the scheduler ran them on the loop's instead). The agent is not pinned by the benchmark: its
+sidecar sees the loop pinned to the first CPU and keeps its upload threads, at the lowest
+priority, to the others. Each step-time row shows the median and the mean step
 (the mean counts the steps in which the loop lost its CPU) and the share of the steps' time the
 loop's thread was on a CPU.
 

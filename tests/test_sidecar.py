@@ -27,6 +27,7 @@ from helpers import Agent, finish, marked_processes, small_tmpfs, wait_for
 from sidecar_checks import FAST, WRITER, assert_store_holds, ckpt_job, manifests
 
 from bt_agent.settings import Environ
+from bt_agent.sidecar.cpus import cpu_list
 from bt_agent.storage import ObjectStore, open_store
 
 
@@ -400,6 +401,61 @@ def test_the_store_engines_threads_upload_at_the_sidecars_low_priority(
     finally:
         go_on.touch()
     assert finish(process, 60, agent) == 0, agent.output()
+
+
+def _allowed_cpus(pid: int) -> dict[str, set[int]]:
+    """The CPUs each thread of ``pid`` may run on, by the thread's name."""
+    found = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            name = (task / "comm").read_text().strip()
+            found[f"{name}/{task.name}"] = set(os.sched_getaffinity(int(task.name)))
+    return found
+
+
+def test_uploads_keep_off_the_cpus_the_job_is_pinned_to(
+    agent: Agent, s3_server: servers.SeaweedFS
+) -> None:
+    """A trainer pinned to a CPU owns it: while it is busy there, the sidecar's threads and the
+    store engine's run on the other CPUs only; the agent's own threads, from which the job's
+    commands start, stay where they were."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:  # keeping a CPU for training needs another for the uploads
+        pytest.skip("this machine has one CPU: there is no other to keep the sidecar on")
+    bucket = f"ck{uuid.uuid4().hex[:10]}"
+    s3_server.create_bucket(bucket)
+    go_on = agent.root / "go-on"
+    spin = Path(__file__).parent / "bin" / "spin_pinned.py"
+    command = f"{sys.executable} {spin} {go_on} --cpus {cpus[0]} --checkpoint-mib 20"
+    url = f"s3://{bucket}/bt"
+    env = s3_env(s3_server)
+    process = agent.start(ckpt_job(command), "--job-id", "cpus001", "--store", url, env=env)
+    others = set(cpus[1:])
+
+    def placed() -> tuple[dict[str, set[int]], dict[str, set[int]]]:
+        """The threads at SCHED_IDLE (the sidecar's, the engine's) and the others."""
+        policies = _scheduling(process.pid)
+        allowed = _allowed_cpus(process.pid)
+        idle = {n: a for n, a in allowed.items() if policies.get(n) == os.SCHED_IDLE}
+        return idle, {n: a for n, a in allowed.items() if n not in idle}
+
+    try:
+        store = open_store(url, Environ(env))
+        wait_for(lambda: manifests(store, "default", "cpus001"), 60, "checkpoint-1 committed")
+        wait_for(
+            lambda: all(a == others for a in placed()[0].values()),
+            10,
+            f"the sidecar's threads kept to CPUs {others}",
+        )
+        idle, rest = placed()
+        assert any(name.startswith("tokio-") for name in idle), sorted(idle)
+        assert len(idle) > 16, sorted(idle)  # the upload workers, the stream, the coordinator
+        assert all(a == set(cpus) for a in rest.values()), rest
+        assert any(n.endswith(f"/{process.pid}") for n in rest), sorted(rest)  # the main thread
+    finally:
+        go_on.touch()
+    assert finish(process, 60, agent) == 0, agent.output()
+    assert f"uploads keep to CPUs {cpu_list(others)}" in agent.output()
 
 
 def _ledger(path: Path) -> dict[str, Any]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-import os
 import queue
 import random
 import threading
@@ -44,6 +43,7 @@ from bt_agent.settings import (
 )
 from bt_agent.sidecar.beneath import Opened, Refused
 from bt_agent.sidecar.commits import Committer, Owner
+from bt_agent.sidecar.cpus import Placement, cpu_list, lower_priority, share_priority
 from bt_agent.sidecar.files import (
     Candidate,
     CheckpointDir,
@@ -202,6 +202,7 @@ class Sidecar:
             directory.root, self._changes, self.settings.polling, self.writers.closed
         )
         self.space = FullDisk(directory.root, log, self.holds)
+        self.placement = Placement(processes, self._placed)
         self._threads: list[threading.Thread] = []
 
     # --- life cycle --------------------------------------------------------------------------
@@ -368,11 +369,13 @@ class Sidecar:
     # --- the coordinator ---------------------------------------------------------------------
 
     def _loop(self) -> None:
-        _lower_priority(self.settings.nice)
-        _share_priority(self.catalog.store.engine_threads())
+        lower_priority(self.settings.nice)
+        share_priority(self.catalog.store.engine_threads())
         while not self._stop.is_set():
             try:
-                self._step(time.monotonic())
+                now = time.monotonic()
+                self.placement.step(now)
+                self._step(now)
             except Exception as exc:  # never let one surprise end the uploads
                 self.log.error(f"checkpoint sidecar: {type(exc).__name__}: {exc}")
             time.sleep(MIN_STEP)
@@ -692,7 +695,7 @@ class Sidecar:
     # --- the workers -------------------------------------------------------------------------
 
     def _worker(self) -> None:
-        _lower_priority(self.settings.nice)  # threads it starts (S3 parts) inherit it
+        lower_priority(self.settings.nice)  # threads it starts (S3 parts) inherit it
         while (file := self._work.get()) is not None:
             self._done.put(self._copy(file) if isinstance(file, _Copy) else self._upload(file))
             self._wake.set()
@@ -737,7 +740,7 @@ class Sidecar:
 
     def _stream(self) -> None:
         """Upload small files through the store's upload stream, where it has one."""
-        _lower_priority(self.settings.nice)
+        lower_priority(self.settings.nice)
         store = self.catalog.store
         self._stream_limit = store.batch_max_size()
         if not self._stream_limit:
@@ -789,34 +792,19 @@ class Sidecar:
             f"{totals.failures} failed attempt(s) retried"
         )
 
+    def _placed(self, cpus: set[int], claimed: set[int]) -> None:
+        if cpus.isdisjoint(claimed):
+            self.log.info(
+                f"checkpoints: the job's busy processes are pinned to CPUs {cpu_list(claimed)}; "
+                f"uploads keep to CPUs {cpu_list(cpus)}"
+            )
+        else:
+            self.log.info("checkpoints: uploads may run on every CPU of the agent again")
+
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
             self.log.warning(message)
-
-
-def _lower_priority(increment: int) -> None:
-    """Lower the calling thread's CPU priority (on Linux, per thread; threads it starts inherit
-    it): ``SCHED_IDLE`` where the system has it, so that the uploads run on what the training
-    leaves of the CPUs, and ``increment`` more niceness besides."""
-    with contextlib.suppress(OSError, AttributeError):
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
-    with contextlib.suppress(OSError, AttributeError):
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-
-
-def _share_priority(threads: list[int]) -> None:
-    """Give ``threads`` (native ids) the calling thread's priority: its scheduling policy and
-    its niceness. For the store's engine, whose own threads (started before the sidecar, by
-    whatever asked the store first) do the uploads' requests and checksums."""
-    with contextlib.suppress(OSError, AttributeError):
-        policy = os.sched_getscheduler(0)
-        nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-        for thread in threads:
-            with contextlib.suppress(OSError):  # one that has ended since
-                os.setpriority(os.PRIO_PROCESS, thread, nice)
-                os.sched_setscheduler(thread, policy, os.sched_param(0))
 
 
 def _allow_open_files(wanted: int) -> None:
