@@ -434,9 +434,8 @@ def test_wrong_credentials(backend: Backend, s3_server: servers.SeaweedFS) -> No
 def test_s3_ranges_land_at_their_offsets(
     s3_server: servers.SeaweedFS, tmp_path: Path, tls: bool
 ) -> None:
-    """A large object comes in ranges fetched in parallel (on threads over plain HTTP, on the
-    event loop over TLS); the bytes (random: a range at a wrong offset would show) land where
-    they belong."""
+    """A large object comes in ranges fetched in parallel, over plain HTTP and over TLS; the
+    bytes (random: a range at a wrong offset would show) land where they belong."""
     data = os.urandom(12 * MiB + 7)
     store, key = _one(_s3(s3_server, tls=tls), data)
     target = tmp_path / "model.bin"

@@ -793,7 +793,7 @@ class Sidecar:
         )
 
     def _placed(self, cpus: set[int], claimed: set[int]) -> None:
-        if cpus.isdisjoint(claimed):
+        if cpus != self.placement.allowed:
             self.log.info(
                 f"checkpoints: the job's busy processes are pinned to CPUs {cpu_list(claimed)}; "
                 f"uploads keep to CPUs {cpu_list(cpus)}"

@@ -13,7 +13,6 @@ never an outage to wait out).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import hashlib
@@ -23,8 +22,8 @@ import queue
 import re
 import threading
 from abc import abstractmethod
-from collections.abc import Callable, Coroutine, Iterator, Sequence
-from concurrent.futures import Future, wait
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -53,7 +52,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 MiB = 1024 * 1024
 MAX_PARTS = 10_000
-RANGE_CHUNK = MiB  # a ranged download's body comes over in pieces of at least this size
 SHA256_META = "sha256"
 #: The engine's own retries of one request (ours, with their longer backoff, come on top).
 ENGINE_RETRIES: RetryConfig = {
@@ -136,8 +134,7 @@ class EngineStore(ObjectStore):
         self.tuning = tuning or Tuning()
         self._engine: Any = None
         self._lock = threading.Lock()
-        self._pools: dict[str, _DaemonPool] = {}  # by name: ranges (plain HTTP), batches
-        self._ranges: _RangeLoop | None = None  # the event loop of ranged downloads
+        self._pools: dict[str, _DaemonPool] = {}  # by name: ranges, batches
         self._multipart = threading.BoundedSemaphore(self.tuning.multipart_uploads)
 
     @abstractmethod
@@ -158,7 +155,7 @@ class EngineStore(ObjectStore):
         options: ClientConfig = {
             "connect_timeout": timedelta(seconds=10),
             "timeout": timedelta(seconds=300),
-            "allow_http": self._plain_http,
+            "allow_http": bool(endpoint and endpoint.startswith("http://")),
         }
         if ca_bundle:
             try:
@@ -175,20 +172,12 @@ class EngineStore(ObjectStore):
                 options["proxy_excludes"] = proxies.excludes
         return options
 
-    @property
-    def _plain_http(self) -> bool:
-        """Requests go over plain HTTP (the endpoint says so), not TLS."""
-        return bool(self.endpoint_url and self.endpoint_url.startswith("http://"))
-
     def close(self) -> None:
         with self._lock:
             self._engine = None
-            pools, self._pools = list(self._pools.values()), {}
-            ranges, self._ranges = self._ranges, None
-        for pool in pools:
-            pool.shutdown()
-        if ranges is not None:  # outside the lock, which a range may be waiting for
-            ranges.close()
+            for pool in self._pools.values():
+                pool.shutdown()
+            self._pools.clear()
 
     def engine_threads(self) -> list[int]:
         """The engine's runtime (tokio's threads: one runtime per process, shared by every
@@ -370,44 +359,32 @@ class EngineStore(ObjectStore):
             yield chunk
 
     def _download_ranges(self, key: str, target: Path, info: ObjectInfo) -> Fetched:
-        """Ranges of ``part_size`` in parallel, each written at its offset as it streams in.
-        Over TLS the connection hands the body over a record (16 KiB) at a time: the ranges then
-        go through the engine's async face, on one event loop, and the engine joins the pieces
-        into MiBs on its own threads (a thread blocked on each range was woken for every
-        record, which took a third of the download's CPU). Over plain HTTP the pieces are large
-        already, and a thread per range costs least (the event loop cost half as much again)."""
         part = self.tuning.part_size_for(info.size)
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, info.size)
-            if self._plain_http:
-                self._ranges_on_threads(key, fd, info.size, part)
-            else:
-                self._range_loop().run(
-                    lambda abandoned: self._fetch_ranges(key, fd, info.size, part, abandoned)
+            futures = [
+                self._pool("bt-ranges", self.tuning.concurrency).submit(
+                    functools.partial(
+                        self._fetch_range, key, fd, start, min(part, info.size - start)
+                    )
                 )
+                for start in range(0, info.size, part)
+            ]
+            try:
+                for future in futures:
+                    future.result()
+            finally:
+                for future in futures:
+                    future.cancel()
+                for future in futures:  # none may write to the descriptor once it is closed
+                    if not future.cancelled():
+                        future.exception()
         finally:
             os.close(fd)
         return Fetched(info.sha256, None)
 
-    def _ranges_on_threads(self, key: str, fd: int, size: int, part: int) -> None:
-        futures = [
-            self._pool("bt-ranges", self.tuning.concurrency).submit(
-                functools.partial(self._range_on_thread, key, fd, start, min(part, size - start))
-            )
-            for start in range(0, size, part)
-        ]
-        try:
-            for future in futures:
-                future.result()
-        finally:
-            for future in futures:
-                future.cancel()
-            for future in futures:  # none may write to the descriptor once it is closed
-                if not future.cancelled():
-                    future.exception()
-
-    def _range_on_thread(self, key: str, fd: int, start: int, length: int) -> None:
+    def _fetch_range(self, key: str, fd: int, start: int, length: int) -> None:
         """One range, written at its offset as it streams in, not a buffer of the range's size
         per request (fresh memory costs a page fault per 4 KiB)."""
         import obstore
@@ -420,62 +397,12 @@ class EngineStore(ObjectStore):
         )
         offset = start
         for chunk in self._chunks(key, result):
-            offset = _write_at(fd, chunk, offset)
-        self._check_range(key, start, length, offset)
-
-    async def _fetch_ranges(
-        self, key: str, fd: int, size: int, part: int, abandoned: threading.Event
-    ) -> None:
-        """Every range of the object, written at its offset; the first failure ends the others,
-        and none is left writing once this returns."""
-        ranges = [
-            asyncio.ensure_future(
-                self._fetch_range(key, fd, start, min(part, size - start), abandoned)
-            )
-            for start in range(0, size, part)
-        ]
-        try:
-            await asyncio.gather(*ranges)
-        finally:
-            for task in ranges:
-                task.cancel()
-            await asyncio.gather(*ranges, return_exceptions=True)
-
-    async def _fetch_range(
-        self, key: str, fd: int, start: int, length: int, abandoned: threading.Event
-    ) -> None:
-        """One range on the event loop, written at its offset a MiB at a time."""
-        import obstore
-
-        async with self._range_loop().room:
-            try:
-                result = await obstore.get_async(
-                    self.engine, self._key(key), options={"range": (start, start + length)}
-                )
-                chunks = result.stream(min_chunk_size=RANGE_CHUNK).__aiter__()
-            except Exception as exc:
-                raise self._error(exc, key) from None
-            offset = start
-            while not abandoned.is_set():
-                try:
-                    chunk = await chunks.__anext__()
-                except StopAsyncIteration:
-                    break
-                except Exception as exc:
-                    raise self._error(exc, key) from None
-                offset = _write_at(fd, chunk, offset)
-        if not abandoned.is_set():
-            self._check_range(key, start, length, offset)
-
-    def _check_range(self, key: str, start: int, length: int, end: int) -> None:
-        if end - start != length:
+            view = memoryview(chunk)
+            while view:
+                written = os.pwrite(fd, view, offset)
+                view, offset = view[written:], offset + written
+        if offset - start != length:
             raise TransientStoreError(f"{self.uri(key)}: short read at {start}", self.uri(key))
-
-    def _range_loop(self) -> _RangeLoop:
-        with self._lock:
-            if self._ranges is None:
-                self._ranges = _RangeLoop(self.tuning.concurrency)
-            return self._ranges
 
     def _upload(self, path: Path, key: str) -> str:
         """Below the part size, one PUT with the sha256 as metadata; above, a multipart upload
@@ -657,41 +584,9 @@ class EngineStore(ObjectStore):
             future.result()
 
 
-class _RangeLoop:
-    """The event loop of a store's ranged downloads, on a daemon thread of its own (a stopped
-    agent must not wait for one stuck on an unreachable store), with room for ``in_flight``
-    ranges at once over all the store's downloads."""
-
-    def __init__(self, in_flight: int) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.room = asyncio.Semaphore(in_flight)
-        self._thread = threading.Thread(target=self.loop.run_forever, name="bt-ranges", daemon=True)
-        self._thread.start()
-
-    def run(self, work: Callable[[threading.Event], Coroutine[Any, Any, T]]) -> T:
-        """``work(abandoned)`` run on the loop, its outcome returned here. Should this thread's
-        wait be interrupted, ``abandoned`` is set and the work waited for all the same: nothing
-        of it may go on once this returns."""
-        abandoned = threading.Event()
-        future = asyncio.run_coroutine_threadsafe(work(abandoned), self.loop)
-        try:
-            return future.result()
-        except BaseException:
-            abandoned.set()
-            wait([future])
-            raise
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(5)
-        if not self._thread.is_alive():
-            self.loop.close()
-
-
 class _DaemonPool:
-    """Threads for batches, and for ranges over plain HTTP. Daemons, unlike an executor's (which
-    the interpreter joins at exit): one waiting on an unreachable store must not keep a stopped
-    agent alive."""
+    """Threads for the ranges of downloads. Daemons, unlike an executor's (which the interpreter
+    joins at exit): one waiting on an unreachable store must not keep a stopped agent alive."""
 
     def __init__(self, size: int, name: str) -> None:
         self._size = size
@@ -720,15 +615,6 @@ class _DaemonPool:
                 future.set_result(call())
             except BaseException as exc:  # the caller's to raise, from future.result()
                 future.set_exception(exc)
-
-
-def _write_at(fd: int, data: Any, offset: int) -> int:
-    """Write all of ``data`` at ``offset``; the offset just past it."""
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
-    return offset
 
 
 def _info(key: str, meta: Any, attributes: Any) -> ObjectInfo:
