@@ -66,10 +66,33 @@ def background() -> Iterator[Background]:
         thread.end()
 
 
-def spinner(go_on: Path, cpus: str | None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, str(SPIN), str(go_on), *(["--cpus", cpus] if cpus else [])]
-    )
+class Spinners:
+    """Stand-in trainers that keep a CPU busy (pinned to the CPUs given, or not) until
+    :meth:`stop`."""
+
+    def __init__(self, go_on: Path) -> None:
+        self.go_on = go_on
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def start(self, cpus: str | None) -> subprocess.Popen[bytes]:
+        pinned = ["--cpus", cpus] if cpus else []
+        self.started.append(subprocess.Popen([sys.executable, str(SPIN), str(self.go_on), *pinned]))
+        return self.started[-1]
+
+    def stop(self) -> None:
+        self.go_on.touch()
+        for process in self.started:
+            process.wait(10)
+
+
+@pytest.fixture
+def spinners(tmp_path: Path) -> Iterator[Spinners]:
+    needs_two_cpus()
+    started = Spinners(tmp_path / "go-on")
+    try:
+        yield started
+    finally:
+        started.stop()
 
 
 def look(placement: Placement, after: float = 0.5) -> None:
@@ -80,11 +103,9 @@ def look(placement: Placement, after: float = 0.5) -> None:
 
 
 def test_background_threads_leave_the_cpu_a_busy_process_is_pinned_to(
-    background: Background, tmp_path: Path
+    background: Background, spinners: Spinners
 ) -> None:
-    needs_two_cpus()
-    go_on = tmp_path / "go-on"
-    pinned = spinner(go_on, str(CPUS[0]))
+    pinned = spinners.start(str(CPUS[0]))
     parent = subprocess.Popen(["sleep", "30"])  # waits, may run anywhere: claims nothing
     pids = [pinned.pid, parent.pid]
     told: list[tuple[set[int], set[int]]] = []
@@ -97,30 +118,18 @@ def test_background_threads_leave_the_cpu_a_busy_process_is_pinned_to(
         assert told == [(set(CPUS[1:]), {CPUS[0]})]
         look(placement)  # the next judges it since the last look
         assert background.cpus() == set(CPUS[1:])
-        go_on.touch()
-        pinned.wait(10)
+        spinners.stop()
         look(placement)  # nobody busy any more: every CPU again
         assert background.cpus() == set(CPUS)
         assert told[-1] == (set(CPUS), set())
     finally:
-        go_on.touch()
         parent.kill()
-        for process in (pinned, parent):
-            process.wait(10)
+        parent.wait(10)
 
 
 def test_a_busy_process_that_may_run_anywhere_claims_every_cpu(
-    background: Background, tmp_path: Path
+    background: Background, spinners: Spinners
 ) -> None:
-    needs_two_cpus()
-    go_on = tmp_path / "go-on"
-    pinned = spinner(go_on, str(CPUS[0]))
-    free = spinner(go_on, None)
-    placement = Placement(lambda: [pinned.pid, free.pid], interval=0.0)
-    try:
-        look(placement)
-        assert background.cpus() == set(CPUS)
-    finally:
-        go_on.touch()
-        for process in (pinned, free):
-            process.wait(10)
+    pids = [spinners.start(str(CPUS[0])).pid, spinners.start(None).pid]
+    look(Placement(lambda: pids, interval=0.0))
+    assert background.cpus() == set(CPUS)
