@@ -196,6 +196,15 @@ def process_tree(pids: list[int]) -> str:
     return "\n".join(lines)
 
 
+def needs_two_cpus() -> list[int]:
+    """The CPUs this process may use; skips a test that keeps one for training and needs
+    another for the uploads where there is only one."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("this machine has one CPU: there is no other to keep the sidecar on")
+    return cpus
+
+
 def wait_for(predicate: Any, timeout: float = 30, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

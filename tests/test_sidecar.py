@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import servers
 from fault_proxy import FaultProxy
-from helpers import Agent, finish, marked_processes, small_tmpfs, wait_for
+from helpers import Agent, finish, marked_processes, needs_two_cpus, small_tmpfs, wait_for
 from sidecar_checks import FAST, WRITER, assert_store_holds, ckpt_job, manifests
 
 from bt_agent.settings import Environ
@@ -419,9 +419,7 @@ def test_uploads_keep_off_the_cpus_the_job_is_pinned_to(
     """A trainer pinned to a CPU owns it: while it is busy there, the sidecar's threads and the
     store engine's run on the other CPUs only; the agent's own threads, from which the job's
     commands start, stay where they were."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:  # keeping a CPU for training needs another for the uploads
-        pytest.skip("this machine has one CPU: there is no other to keep the sidecar on")
+    cpus = needs_two_cpus()
     bucket = f"ck{uuid.uuid4().hex[:10]}"
     s3_server.create_bucket(bucket)
     go_on = agent.root / "go-on"

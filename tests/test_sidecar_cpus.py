@@ -12,16 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import needs_two_cpus
 
 from bt_agent.sidecar.cpus import Placement, cpu_list, keep_off, lower_priority
 
 SPIN = Path(__file__).parent / "bin" / "spin_pinned.py"
 CPUS = sorted(os.sched_getaffinity(0))
-
-
-def needs_two_cpus() -> None:
-    if len(CPUS) < 2:  # keeping a CPU for training needs another for the uploads
-        pytest.skip("this machine has one CPU: there is no other to keep the sidecar on")
 
 
 def test_keep_off_leaves_the_claimed_cpus_where_others_remain() -> None:
