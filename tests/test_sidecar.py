@@ -18,7 +18,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import servers
@@ -365,14 +365,20 @@ def test_many_small_files_to_s3_are_committed_exactly(
     assert_store_holds(open_store(url, Environ(env)), written, "small001")
 
 
-def _scheduling(pid: int) -> dict[str, int]:
-    """The scheduling policy of each thread of ``pid``, by the thread's name."""
+class _Thread(NamedTuple):
+    policy: int  # the scheduling policy
+    cpus: set[int]  # the CPUs it may run on
+
+
+def _threads(pid: int) -> dict[str, _Thread]:
+    """Each thread of ``pid``, by its name and id: its scheduling policy and its CPUs."""
     found = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(OSError):  # a thread that ended meanwhile
             name = (task / "comm").read_text().strip()
             fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            found[f"{name}/{task.name}"] = int(fields[38])  # stat's 41st field: the policy
+            policy = int(fields[38])  # stat's 41st field
+            found[f"{name}/{task.name}"] = _Thread(policy, os.sched_getaffinity(int(task.name)))
     return found
 
 
@@ -394,23 +400,13 @@ def test_the_store_engines_threads_upload_at_the_sidecars_low_priority(
     try:
         store = open_store(url, Environ(env))
         wait_for(lambda: manifests(store, "default", "prio001"), 60, "checkpoint-1 committed")
-        threads = _scheduling(process.pid)
-        engine = {name: policy for name, policy in threads.items() if name.startswith("tokio-")}
+        threads = _threads(process.pid)
+        engine = {n: t.policy for n, t in threads.items() if n.startswith("tokio-")}
         assert engine, f"no engine threads among {sorted(threads)}"
         assert set(engine.values()) == {os.SCHED_IDLE}, engine
     finally:
         go_on.touch()
     assert finish(process, 60, agent) == 0, agent.output()
-
-
-def _allowed_cpus(pid: int) -> dict[str, set[int]]:
-    """The CPUs each thread of ``pid`` may run on, by the thread's name."""
-    found = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):  # a thread that ended meanwhile
-            name = (task / "comm").read_text().strip()
-            found[f"{name}/{task.name}"] = set(os.sched_getaffinity(int(task.name)))
-    return found
 
 
 def test_uploads_keep_off_the_cpus_the_job_is_pinned_to(
@@ -431,11 +427,10 @@ def test_uploads_keep_off_the_cpus_the_job_is_pinned_to(
     others = set(cpus[1:])
 
     def placed() -> tuple[dict[str, set[int]], dict[str, set[int]]]:
-        """The threads at SCHED_IDLE (the sidecar's, the engine's) and the others."""
-        policies = _scheduling(process.pid)
-        allowed = _allowed_cpus(process.pid)
-        idle = {n: a for n, a in allowed.items() if policies.get(n) == os.SCHED_IDLE}
-        return idle, {n: a for n, a in allowed.items() if n not in idle}
+        """The CPUs of the threads at SCHED_IDLE (the sidecar's, the engine's), and the others'."""
+        threads = _threads(process.pid)
+        idle = {n: t.cpus for n, t in threads.items() if t.policy == os.SCHED_IDLE}
+        return idle, {n: t.cpus for n, t in threads.items() if n not in idle}
 
     try:
         store = open_store(url, Environ(env))
