@@ -32,7 +32,7 @@ from bt_agent.errors import (
 from bt_agent.settings import Environ
 from bt_agent.storage import ObjectStore, open_store
 from bt_agent.storage.azure import AzureStore
-from bt_agent.storage.base import Upload
+from bt_agent.storage.base import Upload, Wanted
 from bt_agent.storage.engine import Proxies, Tuning
 from bt_agent.storage.file import SYNCFS_MIN_FILES, syncfs
 from bt_agent.storage.gcs import GCSStore
@@ -552,6 +552,36 @@ def test_s3_download_detects_content_that_differs_from_its_sha256(
     with pytest.raises(IntegrityError, match="does not match"):
         store.download("lying.bin", tmp_path / "lying.bin")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_batch_download_places_each_object_from_the_callers_thread(
+    s3_server: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    """The objects of a batch are fetched many at a time and placed one after another from
+    the caller's thread; each taken is told once, and one whose content differs from its
+    sha256 is told as an IntegrityError with nothing at its destination."""
+    store = _s3(s3_server).make()
+    assert isinstance(store, S3Store)
+    contents = {f"batch/{i:02d}": payload(1000 + i, seed=i) for i in range(40)}
+    for key, data in contents.items():
+        store.write_bytes(key, data)
+    put_lying_object(s3_server, store, "batch/lying")
+    told: dict[str, tuple[Exception | None, int]] = {}
+
+    def finished(item: Wanted, error: Exception | None) -> None:
+        assert item.expected.key not in told
+        told[item.expected.key] = (error, threading.get_ident())
+
+    listed = sorted(store.list("batch/"), key=lambda info: info.key != "batch/lying")
+    (tmp_path / "batch").mkdir()
+    store.download_batch(iter(Wanted(tmp_path / info.key, info) for info in listed), finished)
+    assert told["batch/lying"][0].__class__ is IntegrityError
+    assert not (tmp_path / "batch/lying").exists()
+    assert {thread for _, thread in told.values()} == {threading.get_ident()}
+    for key, (error, _) in told.items():
+        if key != "batch/lying":
+            assert error is None and (tmp_path / key).read_bytes() == contents[key]
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".incomplete")]
 
 
 def test_gcs_download_detects_corruption_at_rest(

@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig
 
 T = TypeVar("T")
+#: One object of a batch download: its body (or why there is none) and the sha256 it claims.
+_Fetched = tuple[Wanted, bytes | Exception, str | None]
 MiB = 1024 * 1024
 MAX_PARTS = 10_000
 SHA256_META = "sha256"
@@ -486,36 +488,63 @@ class EngineStore(ObjectStore):
         return self.tuning.batch_max_size
 
     def download_batch(self, wanted: Iterator[Wanted], finished: Finished) -> None:
-        """Up to ``batch_in_flight`` objects at once, each one GET read whole and placed; no
-        object is taken from ``wanted`` once one has failed (the caller fetches the rest one
-        by one)."""
-        failed = threading.Event()
+        """Up to ``batch_in_flight`` GETs at once on the batch threads, each object read whole;
+        the bodies are placed from the caller's thread, one after another (threads that create
+        files in one directory at once wait on its lock, and on each other, for longer than the
+        files take to write). No object is taken from ``wanted`` once one has failed (the
+        caller fetches the rest one by one). Returns once no GET of the batch is in flight;
+        an error of taking an object or of ``finished`` is raised then."""
+        fetched: queue.SimpleQueue[Future[_Fetched]] = queue.SimpleQueue()
+        pool = self._pool("bt-batch", self.tuning.batch_in_flight)
+        in_flight, failed = 0, False
+        first: BaseException | None = None
 
-        def fetch(item: Wanted) -> None:
-            outcome = self._fetch_whole(item)
-            if outcome is not None:
-                failed.set()
-            finished(item, outcome)
+        def settle() -> None:
+            nonlocal in_flight, failed, first
+            future = fetched.get()
+            in_flight -= 1
+            try:
+                item, body, claimed = future.result()
+                outcome = body if isinstance(body, Exception) else self._placed(item, body, claimed)
+                failed = failed or outcome is not None
+                finished(item, outcome)
+            except BaseException as exc:
+                failed, first = True, first or exc
 
-        def take() -> Iterator[Wanted]:
-            while not failed.is_set() and (item := next(wanted, None)) is not None:
-                yield item
+        try:
+            while not failed:
+                if in_flight >= self.tuning.batch_in_flight:
+                    settle()
+                elif (item := next(wanted, None)) is not None:
+                    pool.submit(functools.partial(self._fetch_whole, item)).add_done_callback(
+                        fetched.put
+                    )
+                    in_flight += 1
+                else:
+                    break
+        finally:
+            while in_flight:
+                settle()
+        if first is not None:
+            raise first
 
-        self._in_flight(fetch, take())
-
-    def _fetch_whole(self, item: Wanted) -> Exception | None:
-        """One object of a batch placed at its destination, or why not."""
+    def _fetch_whole(self, item: Wanted) -> _Fetched:
+        """One object of a batch read whole, with the sha256 it claims (or the typed error)."""
         import obstore
 
         key = item.expected.key
         try:
             result = obstore.get(self.engine, self._key(key))
-            body = bytes(result.bytes())
+            return item, bytes(result.bytes()), result.attributes.get(SHA256_META)
         except Exception as exc:
-            return self._error(exc, key)
+            return item, self._error(exc, key), None
+
+    def _placed(self, item: Wanted, body: bytes, claimed: str | None) -> Exception | None:
+        """A fetched object placed at its destination: None, or why not (the file system's
+        error, or the checksum's)."""
         try:
-            self.place(item, body, result.attributes.get(SHA256_META))
-        except Exception as exc:  # the file system's, or the checksum's
+            self.place(item, body, claimed)
+        except Exception as exc:
             return exc
         return None
 
