@@ -303,7 +303,7 @@ class ObjectStore(ABC):
                 f"{self.uri(key)}: sha256 {actual} does not match {wanted}", self.uri(key)
             )
 
-    def place(self, wanted: Wanted, body: bytes, claimed_sha256: str | None) -> None:
+    def place(self, wanted: Wanted, body: bytes | memoryview, claimed_sha256: str | None) -> None:
         """Put a whole object's ``body``, fetched by a batch, at its destination, verified
         first, then written to a partial file renamed into place."""
         key = wanted.expected.key

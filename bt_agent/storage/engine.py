@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 #: One object of a batch download: its body (or why there is none) and the sha256 it claims.
-_Fetched = tuple[Wanted, bytes | Exception, str | None]
+_Fetched = tuple[Wanted, memoryview | Exception, str | None]
 MiB = 1024 * 1024
 MAX_PARTS = 10_000
 SHA256_META = "sha256"
@@ -529,17 +529,18 @@ class EngineStore(ObjectStore):
             raise first
 
     def _fetch_whole(self, item: Wanted) -> _Fetched:
-        """One object of a batch read whole, with the sha256 it claims (or the typed error)."""
+        """One object of a batch read whole, with the sha256 it claims (or the typed error);
+        the body is the engine's buffer, not a copy of it."""
         import obstore
 
         key = item.expected.key
         try:
             result = obstore.get(self.engine, self._key(key))
-            return item, bytes(result.bytes()), result.attributes.get(SHA256_META)
+            return item, memoryview(result.bytes()), result.attributes.get(SHA256_META)
         except Exception as exc:
             return item, self._error(exc, key), None
 
-    def _placed(self, item: Wanted, body: bytes, claimed: str | None) -> Exception | None:
+    def _placed(self, item: Wanted, body: memoryview, claimed: str | None) -> Exception | None:
         """A fetched object placed at its destination: None, or why not (the file system's
         error, or the checksum's)."""
         try:
