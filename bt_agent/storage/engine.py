@@ -84,7 +84,7 @@ class Tuning:
     multipart_threshold: int = 16 * MiB  # downloads above this: parallel ranged GETs
     part_size: int = 16 * MiB  # the range of each
     upload_part_size: int = 8 * MiB  # uploads above this: multipart, in parts of this size
-    concurrency: int = 8  # ranges in flight per store, over all its downloads
+    concurrency: int = 16  # ranges in flight per store, over all its downloads
     upload_concurrency: int = 4  # parts in flight per multipart upload
     multipart_uploads: int = 2  # multipart uploads at once per store (others wait their turn)
     list_page_size: int = 1000
