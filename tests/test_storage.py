@@ -575,7 +575,7 @@ def test_a_batch_download_places_each_object_from_the_callers_thread(
     listed = sorted(store.list("batch/"), key=lambda info: info.key != "batch/lying")
     (tmp_path / "batch").mkdir()
     store.download_batch(iter(Wanted(tmp_path / info.key, info) for info in listed), finished)
-    assert told["batch/lying"][0].__class__ is IntegrityError
+    assert isinstance(told["batch/lying"][0], IntegrityError)
     assert not (tmp_path / "batch/lying").exists()
     assert {thread for _, thread in told.values()} == {threading.get_ident()}
     for key, (error, _) in told.items():
