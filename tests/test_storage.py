@@ -624,8 +624,8 @@ def test_open_store_urls() -> None:
 def test_part_size_keeps_huge_files_under_10000_parts() -> None:
     tuning = Tuning()
     for size in (1, 16 * MiB, 100 * 1024**3, 500 * 1024**3, 5 * 1024**4):
-        for upload in (False, True):
-            part = tuning.part_size_for(size, upload)
+        for base in (tuning.part_size, tuning.upload_part_size, tuning.tls_part_size):
+            part = tuning.part_size_for(size, base)
             assert -(-size // part) <= 10_000 and part % MiB == 0
 
 

@@ -24,19 +24,23 @@ from bt_agent.storage.s3 import S3Store
 MiB = 1024 * 1024
 
 
-def _store(server: servers.SeaweedFS, policy: RetryPolicy) -> S3Store:
+def _store(server: servers.SeaweedFS, policy: RetryPolicy, tls: bool = False) -> S3Store:
     bucket = f"f{uuid.uuid4().hex[:10]}"
     server.create_bucket(bucket)
     secret = (
         f'{{"aws_access_key_id": "{servers.ACCESS_KEY}", '
         f'"aws_secret_access_key": "{servers.SECRET_KEY}"}}'
     )
-    store = open_store(
-        f"s3://{bucket}/x", Environ({"AWS_ENDPOINT_URL": server.endpoint}), secret, "creds"
-    )
+    environ = {**server.client_env(tls), "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}
+    store = open_store(f"s3://{bucket}/x", Environ(environ), secret, "creds")
     assert isinstance(store, S3Store)
     store.tuning = Tuning(
-        multipart_threshold=5 * MiB, part_size=5 * MiB, upload_part_size=5 * MiB, concurrency=2
+        multipart_threshold=5 * MiB,
+        part_size=5 * MiB,
+        upload_part_size=5 * MiB,
+        concurrency=2,
+        tls_part_size=5 * MiB,
+        tls_ranges=2,
     )
     store.policy = policy
     return store
@@ -63,6 +67,41 @@ def test_store_killed_mid_upload_gives_a_clear_error(
     message = str(caught.value)
     assert "gave up after 3 attempts" in message and store.uri("model.bin") in message
     assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+def test_store_killed_mid_download_gives_a_clear_error_and_leaves_nothing(
+    own_s3: servers.SeaweedFS, tmp_path: Path, tls: bool
+) -> None:
+    """A store that dies while a large object comes in ranges (streamed over plain HTTP, read
+    whole over TLS): each attempt ends once none of its ranges is in flight, the last in a
+    clear error naming the URI, and neither the destination nor a partial file is left."""
+    store = _store(own_s3, RetryPolicy(attempts=3, base_seconds=0.05, cap_seconds=0.2), tls)
+    store.upload_file(_big_file(tmp_path, 400 * MiB), "model.bin")
+    info = store.stat("model.bin")
+    out = tmp_path / "out"
+    out.mkdir()
+    outcome: list[BaseException] = []
+
+    def download() -> None:
+        try:
+            store.download("model.bin", out / "model.bin", info)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    fetching = threading.Thread(target=download)
+    fetching.start()
+    deadline = time.monotonic() + 30
+    while not any(path.stat().st_blocks for path in out.iterdir()):  # a range has landed
+        assert time.monotonic() < deadline and fetching.is_alive(), outcome
+        time.sleep(0.005)
+    own_s3.stop(sig=signal.SIGKILL)
+    fetching.join(timeout=60)
+    assert not fetching.is_alive()
+    [error] = outcome
+    assert isinstance(error, TransientStoreError), repr(error)
+    assert "gave up after 3 attempts" in str(error) and store.uri("model.bin") in str(error)
+    assert list(out.iterdir()) == [], "no partial file is left"
 
 
 def test_store_back_within_the_retries_completes_the_upload(
