@@ -13,7 +13,6 @@ never an outage to wait out).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import hashlib
@@ -48,13 +47,15 @@ from bt_agent.storage.base import (
 from bt_agent.storage.keys import join_key, relative_key
 
 if TYPE_CHECKING:
+    import asyncio
+
     from obstore.store import ClientConfig, RetryConfig
 
 T = TypeVar("T")
 #: One object of a batch download: its body (or why there is none) and the sha256 it claims.
 _Fetched = tuple[Wanted, memoryview | Exception, str | None]
 MiB = 1024 * 1024
-WRITE_PIECE = 64 * 1024  # a range read whole is written in pieces of this size
+WRITE_PIECE = MiB  # a range read whole is written in pieces of this size
 MAX_PARTS = 10_000
 SHA256_META = "sha256"
 #: The engine's own retries of one request (ours, with their longer backoff, come on top).
@@ -431,8 +432,10 @@ class EngineStore(ObjectStore):
         )
         offset = start
         for chunk in self._chunks(key, result):
-            _write_at(fd, memoryview(chunk), offset)
-            offset += len(chunk)
+            view = memoryview(chunk)
+            while view:
+                written = os.pwrite(fd, view, offset)
+                view, offset = view[written:], offset + written
         if offset - start != length:
             raise TransientStoreError(f"{self.uri(key)}: short read at {start}", self.uri(key))
 
@@ -443,6 +446,8 @@ class EngineStore(ObjectStore):
         written at its offset on the loop's thread. After a failure no more ranges start, and
         it returns (raising the first error) only once none is in flight: no request of the
         engine may still be out when the caller goes on, or the interpreter ends."""
+        import asyncio
+
         import obstore
 
         failed: list[Exception] = []
@@ -725,12 +730,16 @@ class _DaemonLoop:
     face, with the store's ``room`` for ranges read whole."""
 
     def __init__(self, name: str, room: int) -> None:
+        import asyncio
+
         self._loop = asyncio.new_event_loop()
         self.room = asyncio.Semaphore(room)
         threading.Thread(target=self._work, name=name, daemon=True).start()
 
     def run(self, work: Coroutine[Any, Any, T]) -> T:
         """``work`` run on the loop; its result, once it is done."""
+        import asyncio
+
         return asyncio.run_coroutine_threadsafe(work, self._loop).result()
 
     def shutdown(self) -> None:
