@@ -533,6 +533,41 @@ def test_a_process_ends_cleanly_right_after_a_batch(
     )
 
 
+EXIT_AFTER_RANGES = """
+import sys
+from pathlib import Path
+from bt_agent.storage import open_store
+
+store = open_store(sys.argv[1])
+store.download("model.bin", Path(sys.argv[2]), store.stat("model.bin"))
+"""  # and the interpreter ends at once, the store and its event loop still open
+
+
+def test_a_process_ends_cleanly_right_after_ranges_over_tls(
+    s3_server: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    """Over TLS a large object's ranges are read on the engine's async face, whose threads hand
+    each body back to Python: the download returns only once no range is in flight, so a
+    process that ends right after it (exit status 0, not SIGABRT's 134) finds none there."""
+    bucket = f"b{uuid.uuid4().hex[:12]}"
+    s3_server.create_bucket(bucket)
+    data = os.urandom(40 * MiB + 3)
+    s3_server.client().put_object(Bucket=bucket, Key="m/model.bin", Body=data)
+    env = {**os.environ, **s3_server.client_env(tls=True)}
+    codes = []
+    for run in range(3):
+        done = subprocess.run(
+            [sys.executable, "-c", EXIT_AFTER_RANGES, f"s3://{bucket}/m", str(tmp_path / f"{run}")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        codes.append(done.returncode)
+        assert (tmp_path / f"{run}").read_bytes() == data, done.stderr
+    assert codes == [0, 0, 0], f"exit statuses {codes}"
+
+
 def put_lying_object(server: servers.SeaweedFS, store: S3Store, key: str) -> None:
     """An object whose sha256 metadata names other content (corruption at rest)."""
     server.client().put_object(

@@ -55,7 +55,7 @@ T = TypeVar("T")
 #: One object of a batch download: its body (or why there is none) and the sha256 it claims.
 _Fetched = tuple[Wanted, memoryview | Exception, str | None]
 MiB = 1024 * 1024
-WRITE_PIECE = MiB  # a range read whole is written in pieces of this size
+WRITE_PIECE = 64 * 1024  # a range read whole is written in pieces of this size
 MAX_PARTS = 10_000
 SHA256_META = "sha256"
 #: The engine's own retries of one request (ours, with their longer backoff, come on top).
