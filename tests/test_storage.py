@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -238,6 +239,32 @@ def test_no_thread_of_a_store_holds_the_exit(backend: Backend, tmp_path: Path) -
     assert (tmp_path / "b.bin").read_bytes() == data
     store.close()
     assert holding() == []
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+def test_closing_a_store_lets_a_download_in_flight_finish(
+    s3_server: servers.SeaweedFS, tmp_path: Path, tls: bool
+) -> None:
+    """A store closed while another thread's large download is under way (its ranges on the
+    range threads, or over TLS on the store's event loop) lets that download finish whole."""
+    data = os.urandom(96 * MiB + 5)
+    store, key = _one(_s3(s3_server, tls=tls), data)
+    info = store.stat(key)
+    out = tmp_path / "out"
+    out.mkdir()
+    outcome: list[object] = []
+    fetching = threading.Thread(
+        target=lambda: outcome.append(store.download(key, out / "model.bin", info))
+    )
+    fetching.start()
+    while not list(out.iterdir()):  # the partial file: the ranges have begun
+        assert fetching.is_alive(), "the download ended before the store was closed"
+        time.sleep(0.001)
+    assert fetching.is_alive()
+    store.close()
+    fetching.join(timeout=60)
+    assert outcome == [out / "model.bin"]
+    assert (out / "model.bin").read_bytes() == data
 
 
 @pytest.mark.parametrize("backend", WRITABLE, indirect=True)

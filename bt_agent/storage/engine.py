@@ -743,8 +743,15 @@ class _DaemonLoop:
         return asyncio.run_coroutine_threadsafe(work, self._loop).result()
 
     def shutdown(self) -> None:
-        """The loop stops (work already on it is left where it is) and is closed."""
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        """The loop stops once the work already on it is done, and is closed."""
+        import asyncio
+
+        async def once_idle() -> None:
+            others = asyncio.all_tasks() - {asyncio.current_task()}
+            await asyncio.gather(*others, return_exceptions=True)
+            self._loop.stop()
+
+        asyncio.run_coroutine_threadsafe(once_idle(), self._loop)
 
     def _work(self) -> None:
         try:
