@@ -108,6 +108,14 @@ VALID: dict[str, dict[str, Any]] = {
             }
         }
     ),
+    "named-without-typ": job(  # the SDK's union takes the kind whose fields it has
+        runtime={
+            "load_checkpoint_config": {
+                "enabled": True,
+                "checkpoints": [{"checkpoint_name": "checkpoint-10", "job_id": "abc1234"}],
+            }
+        }
+    ),
     "named": job(
         runtime={
             "load_checkpoint_config": {

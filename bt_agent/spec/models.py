@@ -159,9 +159,18 @@ CHECKPOINT_SCHEMAS: dict[str, s.Validator] = {
 
 
 def _checkpoint_tag(value: Any) -> str | None:
+    """The reference's ``typ``; without one, the first kind whose fields it has, as the SDK's
+    union takes it (every kind's ``typ`` has a default), else the latest checkpoint's."""
     if not isinstance(value, dict):
         return None
-    typ = value.get("typ", "baseten_latest_checkpoint")
+    if "typ" not in value:
+        fits = (
+            tag
+            for tag, schema in CHECKPOINT_SCHEMAS.items()
+            if schema(value, "", []) is not s.INVALID
+        )
+        return next(fits, "baseten_latest_checkpoint")
+    typ = value["typ"]
     return typ if isinstance(typ, str) else None
 
 
