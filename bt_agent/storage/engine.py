@@ -389,22 +389,25 @@ class EngineStore(ObjectStore):
     def _download_ranges(self, key: str, target: Path, info: ObjectInfo) -> Fetched:
         """Ranges in parallel, each written at its offset: streamed on the range threads over
         plain HTTP, read whole on the engine's async face over TLS."""
-        if not self.plain_http:
+        if self.plain_http:
+            self._stream_ranges(key, target, info.size)
+        else:
             part = self.tuning.part_size_for(info.size, self.tuning.tls_part_size)
             loop = self._event_loop()
             loop.run(self._read_ranges(key, target, info.size, part, loop.room))
-            return Fetched(info.sha256, None)
-        part = self.tuning.part_size_for(info.size, self.tuning.part_size)
+        return Fetched(info.sha256, None)
+
+    def _stream_ranges(self, key: str, target: Path, size: int) -> None:
+        """Every range of ``key`` on the range threads, each written as it streams in."""
+        part = self.tuning.part_size_for(size, self.tuning.part_size)
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.ftruncate(fd, info.size)
+            os.ftruncate(fd, size)
             futures = [
                 self._pool("bt-ranges", self.tuning.concurrency).submit(
-                    functools.partial(
-                        self._fetch_range, key, fd, start, min(part, info.size - start)
-                    )
+                    functools.partial(self._fetch_range, key, fd, start, min(part, size - start))
                 )
-                for start in range(0, info.size, part)
+                for start in range(0, size, part)
             ]
             try:
                 for future in futures:
@@ -417,7 +420,6 @@ class EngineStore(ObjectStore):
                         future.exception()
         finally:
             os.close(fd)
-        return Fetched(info.sha256, None)
 
     def _fetch_range(self, key: str, fd: int, start: int, length: int) -> None:
         """One range, written at its offset as it streams in, not a buffer of the range's size
@@ -437,7 +439,10 @@ class EngineStore(ObjectStore):
                 written = os.pwrite(fd, view, offset)
                 view, offset = view[written:], offset + written
         if offset - start != length:
-            raise TransientStoreError(f"{self.uri(key)}: short read at {start}", self.uri(key))
+            raise self._short_read(key, start)
+
+    def _short_read(self, key: str, start: int) -> TransientStoreError:
+        return TransientStoreError(f"{self.uri(key)}: short read at {start}", self.uri(key))
 
     async def _read_ranges(
         self, key: str, target: Path, size: int, part: int, room: asyncio.Semaphore
@@ -466,9 +471,7 @@ class EngineStore(ObjectStore):
                     return
             try:
                 if len(body) != length:
-                    raise TransientStoreError(
-                        f"{self.uri(key)}: short read at {start}", self.uri(key)
-                    )
+                    raise self._short_read(key, start)
                 _write_at(fd, memoryview(body), start)
             except Exception as exc:
                 failed.append(exc)
