@@ -112,10 +112,13 @@ class HashingReader:
 
 
 def sha256_file(path: Path) -> str:
+    """The file's sha256, read through one reused buffer (no fresh memory per chunk)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK):
-            digest.update(chunk)
+    buffer = bytearray(CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as handle:
+        while count := handle.readinto(buffer):
+            digest.update(view[:count])
     return digest.hexdigest()
 
 
