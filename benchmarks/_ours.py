@@ -1,5 +1,7 @@
 """The bt-agent side of benchmarks/transfer.py, run as its own process so that its CPU time can
-be measured like a peer's. Usage: _ours.py upload DIR URL | download URL DIR"""
+be measured like a peer's. Usage: _ours.py upload DIR URL | download URL DIR
+
+Ends by printing its peak RSS (``VmHWM``, the new program's own after ``exec``) on stderr."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from pathlib import Path
 from bt_agent.storage import open_store
 from bt_agent.storage.transfer import download_tree, upload_tree
 
+PEAK_RSS = "peak RSS KiB:"
+
 
 def main() -> None:
     action = sys.argv[1]
@@ -16,6 +20,10 @@ def main() -> None:
         upload_tree(open_store(sys.argv[3]), Path(sys.argv[2]))
     else:
         download_tree(open_store(sys.argv[2]), "", Path(sys.argv[3]))
+    status = Path("/proc/self/status").read_text().splitlines()
+    peak = next((line.split()[1] for line in status if line.startswith("VmHWM:")), None)
+    if peak is not None:
+        print(f"{PEAK_RSS} {peak}", file=sys.stderr)
 
 
 if __name__ == "__main__":

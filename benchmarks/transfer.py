@@ -8,7 +8,8 @@ Shapes: (a) 4 files of 256 MiB, (b) 2,000 files of 64 KiB; each uploaded then do
 client in turn, into a fresh prefix and directory. Prints wall seconds and client CPU seconds per
 GiB (user + system of the client process and its children), each the median of ``--repeat``
 rounds in which the clients take turns (each round begun by the next client, so that none always
-runs first). With ``--tls`` every S3 row is run over plain HTTP and again over https
+runs first), and the agent's peak RSS (the largest of its rounds; the peers do not report
+theirs). With ``--tls`` every S3 row is run over plain HTTP and again over https
 (SeaweedFS's TLS port, its certificate signed by a CA of the run's own that each client trusts:
 ``AWS_CA_BUNDLE``, rclone's ``--ca-cert``).
 """
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from _common import evict, table, write_json, write_tree
+from _ours import PEAK_RSS
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -42,18 +44,20 @@ def _make_tree(root: Path, count: int, size: int) -> Path:
     return root
 
 
-def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Wall seconds and CPU seconds (user + system) of one client run."""
+def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, float | None]:
+    """Wall seconds, CPU seconds (user + system) and, where the client says it (ours does), its
+    peak RSS in MiB, of one client run."""
     start = time.perf_counter()
     process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert process.stderr is not None
+    said = process.stderr.read().decode()  # little: the peers run quietly
     _, status, usage = os.wait4(process.pid, 0)
     wall = time.perf_counter() - start
     code = os.waitstatus_to_exitcode(status)
     if code != 0:
-        assert process.stderr is not None
-        said = process.stderr.read().decode()[-2000:]
-        raise SystemExit(f"{argv[0]} failed (exit {code}): {said}")
-    return wall, usage.ru_utime + usage.ru_stime
+        raise SystemExit(f"{argv[0]} failed (exit {code}): {said[-2000:]}")
+    peak = [line.split()[-1] for line in said.splitlines() if line.startswith(PEAK_RSS)]
+    return wall, usage.ru_utime + usage.ru_stime, int(peak[-1]) / 1024 if peak else None
 
 
 def _clients(endpoint: str) -> dict[str, Command]:
@@ -122,7 +126,7 @@ def _s3_rows(
     rows = []
     for shape, source in shapes.items():
         size = sum(p.stat().st_size for p in source.iterdir())
-        samples: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        samples: dict[tuple[str, str], list[tuple[float, float, float | None]]] = {}
         clients = list(_clients(endpoint).items())
         for attempt in range(repeat):  # the clients interleaved, each round started by the next
             turn = attempt % len(clients)
@@ -138,8 +142,9 @@ def _s3_rows(
         shutil.rmtree(work / "downloads")
         os.sync()
         for (client, direction), runs in samples.items():
-            wall = statistics.median(w for w, _ in runs)
-            cpu = statistics.median(c for _, c in runs)
+            wall = statistics.median(w for w, _, _ in runs)
+            cpu = statistics.median(c for _, c, _ in runs)
+            peaks = [r for _, _, r in runs if r is not None]
             rows.append(
                 {
                     "transport": transport,
@@ -149,7 +154,8 @@ def _s3_rows(
                     "wall_s": round(wall, 2),
                     "MB_per_s": round(size / wall / 1e6),
                     "cpu_s_per_GiB": round(cpu / (size / GiB), 2),
-                    "runs_wall_s": "-".join(f"{w:.2f}" for w, _ in sorted(runs)),
+                    "peak_rss_MiB": round(max(peaks), 1) if peaks else "",
+                    "runs_wall_s": "-".join(f"{w:.2f}" for w, _, _ in sorted(runs)),
                 }
             )
     return rows
@@ -161,7 +167,7 @@ def _file_rows(shapes: dict[str, Path], work: Path, repeat: int) -> list[dict]:
     rows = []
     for shape, source in shapes.items():
         size = sum(p.stat().st_size for p in source.iterdir())
-        samples: dict[str, list[tuple[float, float]]] = {}
+        samples: dict[str, list[tuple[float, float, float | None]]] = {}
         for attempt in range(repeat):
             store, copy = work / "file" / f"store-{attempt}", work / "file" / f"cp-{attempt}"
             runs = {
@@ -181,7 +187,8 @@ def _file_rows(shapes: dict[str, Path], work: Path, repeat: int) -> list[dict]:
         shutil.rmtree(work / "file")
         os.sync()
         for client, measured in samples.items():
-            wall = statistics.median(w for w, _ in measured)
+            wall = statistics.median(w for w, _, _ in measured)
+            peaks = [r for _, _, r in measured if r is not None]
             rows.append(
                 {
                     "transport": "file",
@@ -191,9 +198,10 @@ def _file_rows(shapes: dict[str, Path], work: Path, repeat: int) -> list[dict]:
                     "wall_s": round(wall, 2),
                     "MB_per_s": round(size / wall / 1e6),
                     "cpu_s_per_GiB": round(
-                        statistics.median(c for _, c in measured) / (size / GiB), 2
+                        statistics.median(c for _, c, _ in measured) / (size / GiB), 2
                     ),
-                    "runs_wall_s": "-".join(f"{w:.2f}" for w, _ in sorted(measured)),
+                    "peak_rss_MiB": round(max(peaks), 1) if peaks else "",
+                    "runs_wall_s": "-".join(f"{w:.2f}" for w, _, _ in sorted(measured)),
                 }
             )
     return rows
@@ -234,6 +242,12 @@ def _verdicts(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _memory_verdict(rows: list[dict]) -> str:
+    """The agent's largest peak RSS over every run, against its target."""
+    peak = max(r["peak_rss_MiB"] for r in rows if r["peak_rss_MiB"] != "")
+    return f"bt-agent peak RSS: {peak:.1f} MiB ({peak * 1.048576:.0f} MB; target <= 150 MB)"
+
+
 def _s3_rows_on_a_server(work: Path, shapes: dict[str, Path], tls: bool, repeat: int) -> list[dict]:
     server = servers.seaweedfs(work / "server")
     try:
@@ -271,10 +285,14 @@ def main() -> int:
         rows += _file_rows(shapes, work, args.repeat)
     columns = [
         *("transport", "shape", "direction", "client"),
-        *("wall_s", "MB_per_s", "cpu_s_per_GiB", "runs_wall_s"),
+        *("wall_s", "MB_per_s", "cpu_s_per_GiB", "peak_rss_MiB", "runs_wall_s"),
     ]
     print(table(rows, columns))
-    verdicts = _verdicts(rows) + _file_verdicts(rows, {big: 1.5, small: 3.0})
+    verdicts = [
+        *_verdicts(rows),
+        *_file_verdicts(rows, {big: 1.5, small: 3.0}),
+        _memory_verdict(rows),
+    ]
     print("\n" + "\n".join(verdicts))
     name = "transfer-file" if args.file_only else "transfer"
     path = write_json(name, {"rows": rows, "verdicts": verdicts})

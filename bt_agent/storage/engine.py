@@ -93,8 +93,8 @@ class Tuning:
     part_size: int = 16 * MiB  # the range of each, streamed (plain HTTP)
     upload_part_size: int = 8 * MiB  # uploads above this: multipart, in parts of this size
     concurrency: int = 16  # streamed ranges in flight per store, over all its downloads
-    tls_part_size: int = 8 * MiB  # the range of each over TLS, read whole
-    tls_ranges: int = 8  # ranges read whole at once per store, over all its downloads
+    tls_part_size: int = 4 * MiB  # the range of each over TLS, read whole
+    tls_ranges: int = 12  # ranges read whole at once per store, over all its downloads
     upload_concurrency: int = 4  # parts in flight per multipart upload
     multipart_uploads: int = 2  # multipart uploads at once per store (others wait their turn)
     list_page_size: int = 1000
