@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from bt_agent.sidecar.memory import return_large_buffers
 from bt_agent.storage import open_store
 from bt_agent.storage.transfer import download_tree, upload_tree
 
@@ -17,6 +18,7 @@ PEAK_RSS = "peak RSS KiB:"
 def main() -> None:
     action = sys.argv[1]
     if action == "upload":
+        return_large_buffers()  # as the agent's uploads run: in its sidecar, with its allocator
         upload_tree(open_store(sys.argv[3]), Path(sys.argv[2]))
     else:
         download_tree(open_store(sys.argv[2]), "", Path(sys.argv[3]))
