@@ -90,7 +90,7 @@ class Tuning:
     than the decryption. Those hold ``tls_ranges x tls_part_size`` bytes at most per store."""
 
     multipart_threshold: int = 16 * MiB  # downloads above this: parallel ranged GETs
-    part_size: int = 16 * MiB  # the range of each, streamed (plain HTTP)
+    part_size: int = 32 * MiB  # the range of each, streamed (plain HTTP)
     upload_part_size: int = 8 * MiB  # uploads above this: multipart, in parts of this size
     concurrency: int = 16  # streamed ranges in flight per store, over all its downloads
     tls_part_size: int = 4 * MiB  # the range of each over TLS, read whole
