@@ -513,6 +513,45 @@ def test_s3_uploads_at_once_hold_bounded_memory(
     assert peak_mib < 150, f"peak RSS {peak_mib} MiB while uploading 16 files at once"
 
 
+DOWNLOAD_MEMORY_CHECK = """
+import sys
+from pathlib import Path
+from bt_agent.storage import open_store
+from bt_agent.storage.transfer import download_tree
+with open_store(sys.argv[1]) as store:
+    download_tree(store, "", Path(sys.argv[2]))
+status = Path("/proc/self/status").read_text()
+print(next(int(l.split()[1]) for l in status.splitlines() if l.startswith("VmHWM:")) // 1024)
+"""
+
+
+def test_s3_downloads_over_tls_at_once_hold_bounded_memory(
+    s3_server: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    """Over TLS each range is read whole before it is written: the ranges held at once are
+    bounded per store, not per download (eight 40 MiB files at once, as staging fetches them,
+    would hold each file's ranges otherwise)."""
+    bucket = f"b{uuid.uuid4().hex[:12]}"
+    s3_server.create_bucket(bucket)
+    client = s3_server.client()
+    files = {f"shard-{index}.bin": payload(40 * MiB, seed=index) for index in range(8)}
+    for name, data in files.items():
+        client.put_object(Bucket=bucket, Key=f"m/{name}", Body=data)
+    target = tmp_path / "model"
+    done = subprocess.run(
+        [sys.executable, "-c", DOWNLOAD_MEMORY_CHECK, f"s3://{bucket}/m", str(target)],
+        env={**os.environ, **s3_server.client_env(tls=True)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    for name, data in files.items():
+        assert (target / name).read_bytes() == data, name
+    peak_mib = int(done.stdout)
+    assert peak_mib < 150, f"peak RSS {peak_mib} MiB while downloading 8 files at once over TLS"
+
+
 EXIT_AFTER_BATCHES = """
 import sys
 from pathlib import Path
