@@ -36,6 +36,7 @@ import servers  # noqa: E402  (the same server fixtures the tests use)
 
 GiB = 1024**3
 Command = Callable[[str, Path, str], list[str]]  # (direction, local dir, remote URL)
+Round = tuple[float, float, float | None]  # one run: wall s, CPU s, peak RSS MiB (ours only)
 
 
 def _make_tree(root: Path, count: int, size: int) -> Path:
@@ -44,7 +45,7 @@ def _make_tree(root: Path, count: int, size: int) -> Path:
     return root
 
 
-def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, float | None]:
+def _timed(argv: list[str], env: dict[str, str]) -> Round:
     """Wall seconds, CPU seconds (user + system) and, where the client says it (ours does), its
     peak RSS in MiB, of one client run."""
     start = time.perf_counter()
@@ -126,7 +127,7 @@ def _s3_rows(
     rows = []
     for shape, source in shapes.items():
         size = sum(p.stat().st_size for p in source.iterdir())
-        samples: dict[tuple[str, str], list[tuple[float, float, float | None]]] = {}
+        samples: dict[tuple[str, str], list[Round]] = {}
         clients = list(_clients(endpoint).items())
         for attempt in range(repeat):  # the clients interleaved, each round started by the next
             turn = attempt % len(clients)
@@ -142,23 +143,30 @@ def _s3_rows(
         shutil.rmtree(work / "downloads")
         os.sync()
         for (client, direction), runs in samples.items():
-            wall = statistics.median(w for w, _, _ in runs)
-            cpu = statistics.median(c for _, c, _ in runs)
-            peaks = [r for _, _, r in runs if r is not None]
             rows.append(
                 {
                     "transport": transport,
                     "shape": shape,
                     "direction": direction,
                     "client": client,
-                    "wall_s": round(wall, 2),
-                    "MB_per_s": round(size / wall / 1e6),
-                    "cpu_s_per_GiB": round(cpu / (size / GiB), 2),
-                    "peak_rss_MiB": round(max(peaks), 1) if peaks else "",
-                    "runs_wall_s": "-".join(f"{w:.2f}" for w, _, _ in sorted(runs)),
+                    **_summary(runs, size),
                 }
             )
     return rows
+
+
+def _summary(runs: list[Round], size: int) -> dict[str, object]:
+    """The medians of one client's rounds, its largest peak RSS, and every round's wall."""
+    wall = statistics.median(w for w, _, _ in runs)
+    cpu = statistics.median(c for _, c, _ in runs)
+    peaks = [r for _, _, r in runs if r is not None]
+    return {
+        "wall_s": round(wall, 2),
+        "MB_per_s": round(size / wall / 1e6),
+        "cpu_s_per_GiB": round(cpu / (size / GiB), 2),
+        "peak_rss_MiB": round(max(peaks), 1) if peaks else "",
+        "runs_wall_s": "-".join(f"{w:.2f}" for w, _, _ in sorted(runs)),
+    }
 
 
 def _file_rows(shapes: dict[str, Path], work: Path, repeat: int) -> list[dict]:
@@ -167,7 +175,7 @@ def _file_rows(shapes: dict[str, Path], work: Path, repeat: int) -> list[dict]:
     rows = []
     for shape, source in shapes.items():
         size = sum(p.stat().st_size for p in source.iterdir())
-        samples: dict[str, list[tuple[float, float, float | None]]] = {}
+        samples: dict[str, list[Round]] = {}
         for attempt in range(repeat):
             store, copy = work / "file" / f"store-{attempt}", work / "file" / f"cp-{attempt}"
             runs = {
@@ -187,21 +195,13 @@ def _file_rows(shapes: dict[str, Path], work: Path, repeat: int) -> list[dict]:
         shutil.rmtree(work / "file")
         os.sync()
         for client, measured in samples.items():
-            wall = statistics.median(w for w, _, _ in measured)
-            peaks = [r for _, _, r in measured if r is not None]
             rows.append(
                 {
                     "transport": "file",
                     "shape": shape,
                     "direction": "upload",
                     "client": f"file:// {client}",
-                    "wall_s": round(wall, 2),
-                    "MB_per_s": round(size / wall / 1e6),
-                    "cpu_s_per_GiB": round(
-                        statistics.median(c for _, c, _ in measured) / (size / GiB), 2
-                    ),
-                    "peak_rss_MiB": round(max(peaks), 1) if peaks else "",
-                    "runs_wall_s": "-".join(f"{w:.2f}" for w, _, _ in sorted(measured)),
+                    **_summary(measured, size),
                 }
             )
     return rows
