@@ -31,6 +31,15 @@ def run_measured(argv: Sequence[str], env: dict[str, str] | None = None) -> Samp
     return Sample(time.perf_counter() - start, returncode)
 
 
+def vm_hwm_mib(pid: int | str = "self") -> float:
+    """A running process's peak RSS so far (``VmHWM``, its own program's since ``exec``), in MiB;
+    0.0 where the kernel does not say."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
 def peak_rss_mib(argv: Sequence[str], env: dict[str, str] | None = None) -> float | None:
     """Peak RSS of a command, measured by GNU time (a fork of this Python process would report
     this process's size instead). None where /usr/bin/time is missing."""

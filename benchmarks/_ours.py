@@ -8,11 +8,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from _common import vm_hwm_mib
+
 from bt_agent.sidecar.memory import return_large_buffers
 from bt_agent.storage import open_store
 from bt_agent.storage.transfer import download_tree, upload_tree
 
-PEAK_RSS = "peak RSS KiB:"
+PEAK_RSS = "peak RSS MiB:"
 
 
 def main() -> None:
@@ -22,10 +24,7 @@ def main() -> None:
         upload_tree(open_store(sys.argv[3]), Path(sys.argv[2]))
     else:
         download_tree(open_store(sys.argv[2]), "", Path(sys.argv[3]))
-    status = Path("/proc/self/status").read_text().splitlines()
-    peak = next((line.split()[1] for line in status if line.startswith("VmHWM:")), None)
-    if peak is not None:
-        print(f"{PEAK_RSS} {peak}", file=sys.stderr)
+    print(f"{PEAK_RSS} {vm_hwm_mib()}", file=sys.stderr)
 
 
 if __name__ == "__main__":

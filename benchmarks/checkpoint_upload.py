@@ -52,7 +52,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from _common import table, write_json, write_tree
+from _common import table, vm_hwm_mib, write_json, write_tree
 
 REPO = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
@@ -91,13 +91,6 @@ def _cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process's own threads so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return 0.0
 
 
 class Bench:
@@ -212,7 +205,7 @@ class Bench:
         command = f"{sys.executable} {HERE / '_ckpt_writer.py'} {source} ckpt {result} {go}"
         process = self.agent(job_id, command)
         manifest = self.manifest(job_id, "ckpt", process)
-        rss = _peak_rss_mib(process.pid)
+        rss = vm_hwm_mib(process.pid)
         go.touch()
         self.finish(process, job_id)
         written = json.loads(result.read_text())

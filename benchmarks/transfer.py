@@ -58,7 +58,7 @@ def _timed(argv: list[str], env: dict[str, str]) -> Round:
     if code != 0:
         raise SystemExit(f"{argv[0]} failed (exit {code}): {said[-2000:]}")
     peak = [line.split()[-1] for line in said.splitlines() if line.startswith(PEAK_RSS)]
-    return wall, usage.ru_utime + usage.ru_stime, int(peak[-1]) / 1024 if peak else None
+    return wall, usage.ru_utime + usage.ru_stime, float(peak[-1]) if peak else None
 
 
 def _clients(endpoint: str) -> dict[str, Command]:
