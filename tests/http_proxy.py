@@ -1,7 +1,9 @@
 """An HTTP proxy on 127.0.0.1, as a corporate network puts between a job and its store: it
 tunnels ``CONNECT host:port`` (https, TLS end to end) and forwards requests in absolute form
 (``GET http://host:port/path``, plain http) to the host they name. It remembers where each
-connection it took went, so a test can tell which requests went through it.
+connection it took went, so a test can tell which requests went through it. Given an
+``upstream``, it takes every connection there, whatever host it names (as a resolver that
+points a service's names at a test server would).
 
 Written here because no proxy server is among the tools the tests may install; it speaks only
 the two forms a client uses, each connection to one destination, the bytes passed unchanged.
@@ -17,8 +19,9 @@ from fault_proxy import Listener, pipe
 
 
 class ForwardProxy(Listener):
-    def __init__(self) -> None:
+    def __init__(self, upstream: tuple[str, int] | None = None) -> None:
         self.targets: list[str] = []  # "host:port" of each connection taken
+        self.upstream = upstream
         self._listen()
 
     def _serve(self, client: socket.socket) -> None:
@@ -33,7 +36,7 @@ class ForwardProxy(Listener):
             where = target if method == "CONNECT" else urlsplit(target).netloc
             self.targets.append(where)
             host, _, port = where.rpartition(":")
-            with socket.create_connection((host, int(port))) as upstream:
+            with socket.create_connection(self.upstream or (host, int(port))) as upstream:
                 if method == "CONNECT":
                     client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
                     head = head.partition(b"\r\n\r\n")[2]

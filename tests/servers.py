@@ -106,6 +106,14 @@ class Server:
             self.process.wait()
 
 
+#: Endpoints of AWS whose requests a test sends to SeaweedFS (its certificate holds their names).
+AWS_NAMES = (
+    "s3-fips.us-east-1.amazonaws.com",
+    "s3.dualstack.us-east-1.amazonaws.com",
+    "s3-fips.dualstack.us-east-1.amazonaws.com",
+)
+
+
 @dataclass(frozen=True)
 class Certificates:
     """A CA of the test's own and a server certificate it signed."""
@@ -203,7 +211,8 @@ def seaweedfs(root: Path) -> SeaweedFS:
         ports.add(port)
         taken |= {port, port + 10000, port - 10000}
     s3, master, filer, volume, admin, https = sorted(ports)
-    tls = certificates(data / "tls", ("localhost",))  # 127.0.0.1 is a name it does not hold
+    # 127.0.0.1 is a name it does not hold; AWS's are for a proxy that sends them here
+    tls = certificates(data / "tls", ("localhost", *AWS_NAMES))
     argv = [
         weed,
         f"-logdir={data}/logs",

@@ -199,3 +199,99 @@ def test_the_proxy_variables_are_honoured(s3_server: servers.SeaweedFS, transpor
                 assert taken and set(taken) == {where.netloc}, taken
     finally:
         proxy.close()
+
+
+@pytest.mark.parametrize(
+    ("settings", "host"),
+    [
+        ({"AWS_USE_FIPS_ENDPOINT": "true"}, "s3-fips.us-east-1.amazonaws.com"),
+        ({"AWS_USE_DUALSTACK_ENDPOINT": "true"}, "s3.dualstack.us-east-1.amazonaws.com"),
+        (
+            {"AWS_USE_FIPS_ENDPOINT": "true", "AWS_USE_DUALSTACK_ENDPOINT": "true"},
+            "s3-fips.dualstack.us-east-1.amazonaws.com",
+        ),
+    ],
+    ids=["fips", "dualstack", "both"],
+)
+def test_fips_and_dualstack_endpoints_are_the_ones_aws_names(
+    s3_server: servers.SeaweedFS, settings: dict[str, str], host: str
+) -> None:
+    """No endpoint given: the variables choose AWS's FIPS or dual-stack endpoint of the region.
+    There is no AWS here: a proxy takes every connection to SeaweedFS (whose certificate holds
+    those names), and tells which host each was for."""
+    assert s3_server.certificates is not None
+    bucket = _bucket(s3_server)
+    proxy = ForwardProxy(upstream=("127.0.0.1", s3_server.https_port))
+    environ = {
+        **settings,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CA_BUNDLE": str(s3_server.certificates.ca),
+        "HTTPS_PROXY": proxy.endpoint,
+    }
+    try:
+        with open_store(f"s3://{bucket}/p", Environ(environ), SECRET, "c") as store:
+            assert isinstance(store, S3Store)
+            assert store.write_bytes("model.bin", b"weights")
+            assert store.read_bytes("model.bin") == b"weights"
+            assert store.endpoint_url == f"https://{host}"
+        assert set(proxy.targets) == {f"{host}:443"}, proxy.targets
+    finally:
+        proxy.close()
+
+
+def test_a_profile_asks_for_the_dualstack_endpoint(
+    s3_server: servers.SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No key in the environment: the profile's ``s3`` section asks for dual-stack, as the
+    AWS CLI reads it."""
+    assert s3_server.certificates is not None
+    bucket = _bucket(s3_server)
+    proxy = ForwardProxy(upstream=("127.0.0.1", s3_server.https_port))
+    config = tmp_path / "config"
+    config.write_text(
+        "[profile ipv6]\nregion = us-east-1\n"
+        f"aws_access_key_id = {servers.ACCESS_KEY}\n"
+        f"aws_secret_access_key = {servers.SECRET_KEY}\n"
+        "s3 =\n    use_dualstack_endpoint = true\n"
+    )
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_PROFILE", "ipv6")
+    environ = {
+        "AWS_PROFILE": "ipv6",
+        "AWS_CA_BUNDLE": str(s3_server.certificates.ca),
+        "HTTPS_PROXY": proxy.endpoint,
+    }
+    try:
+        with open_store(f"s3://{bucket}/p", Environ(environ)) as store:
+            assert store.write_bytes("model.bin", b"weights")
+            assert store.read_bytes("model.bin") == b"weights"
+        assert set(proxy.targets) == {"s3.dualstack.us-east-1.amazonaws.com:443"}, proxy.targets
+    finally:
+        proxy.close()
+
+
+def test_a_directory_bucket_goes_to_its_zone(s3_server: servers.SeaweedFS) -> None:
+    """A bucket named as S3 Express One Zone names its directory buckets goes to the zonal
+    endpoint of its zone. SeaweedFS has no S3 Express (no ``CreateSession``), and its
+    certificate does not hold the zone's name: this test checks where the requests go, and
+    that the refusal is a clear error at once."""
+    assert s3_server.certificates is not None
+    proxy = ForwardProxy(upstream=("127.0.0.1", s3_server.https_port))
+    environ = {
+        "AWS_DEFAULT_REGION": "us-west-2",
+        "AWS_CA_BUNDLE": str(s3_server.certificates.ca),
+        "HTTPS_PROXY": proxy.endpoint,
+    }
+    bucket = "models--usw2-az1--x-s3"
+    try:
+        with open_store(f"s3://{bucket}/p", Environ(environ), SECRET, "c") as store:
+            assert isinstance(store, S3Store)
+            message = str(_refused(store))
+        zone = f"{bucket}.s3express-usw2-az1.us-west-2.amazonaws.com"
+        assert set(proxy.targets) == {f"{zone}:443"}, proxy.targets
+        assert "certificate" in message, message
+    finally:
+        proxy.close()

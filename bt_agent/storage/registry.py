@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
 from bt_agent.errors import UsageError
@@ -15,8 +16,10 @@ from bt_agent.storage.credentials import (
     gcs_service_account,
     s3_keys,
 )
-from bt_agent.storage.engine import Proxies
 from bt_agent.storage.file import FileStore
+
+if TYPE_CHECKING:
+    from bt_agent.storage.engine import Proxies
 
 R2_ENDPOINT = "https://{account}.r2.cloudflarestorage.com"
 R2_ENDPOINT_VARIABLE = "BT_R2_ENDPOINT_URL"  # overrides the endpoint (tests, proxies)
@@ -47,6 +50,8 @@ def open_store(
             endpoint_url=environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL"),
             ca_bundle=environ.get(CA_BUNDLE_VARIABLE),
             proxies=_proxies(environ),
+            fips=_flag(environ, "AWS_USE_FIPS_ENDPOINT"),
+            dualstack=_flag(environ, "AWS_USE_DUALSTACK_ENDPOINT"),
         )
     if scheme == "r2":
         return _r2(url, environ, secret, secret_name)
@@ -141,9 +146,16 @@ def _environment_keys(environ: Environ) -> S3Keys | None:
     return S3Keys(key_id, secret_key, session_token=environ.get("AWS_SESSION_TOKEN") or None)
 
 
+def _flag(environ: Environ, name: str) -> bool | None:
+    """A yes-or-no variable as botocore reads it; None where it is unset."""
+    value = environ.get(name)
+    return None if value is None else value.strip().lower() == "true"
+
+
 def _proxies(environ: Environ) -> Proxies:
     """The proxies of the standard variables (either case; ``ALL_PROXY`` for a scheme without
     its own), as curl and botocore read them."""
+    from bt_agent.storage.engine import Proxies
 
     def first(*names: str) -> str | None:
         return next(

@@ -1,7 +1,9 @@
 """``s3://bucket/prefix`` (and ``r2://``, any S3-compatible endpoint) on obstore
 (:mod:`bt_agent.storage.engine`).
 
-What is S3's own: the endpoint (``AWS_ENDPOINT_URL(_S3)``, else the profile's, else AWS), the
+What is S3's own: the endpoint (``AWS_ENDPOINT_URL(_S3)``, else the profile's, else AWS: its
+FIPS or dual-stack endpoint where ``AWS_USE_FIPS_ENDPOINT`` or ``AWS_USE_DUALSTACK_ENDPOINT`` or
+the profile asks for one, a directory bucket's zonal endpoint for S3 Express One Zone), the
 region, and the credentials: the keys of a secret or of the environment as they are (botocore is
 not imported: 0.2 s of every start), else botocore's own chain (profiles, SSO, web identity,
 container and instance roles, ``credential_process``), asked again before what it gave expires.
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
 #: The largest object one CopyObject takes.
 MAX_COPY_BYTES = 5 * 1024**3
 CA_BUNDLE_VARIABLE = "AWS_CA_BUNDLE"
+#: How a directory bucket of S3 Express One Zone is named: ``<base>--<zone id>--x-s3``.
+EXPRESS_SUFFIX = "--x-s3"
 
 
 class S3Store(EngineStore):
@@ -43,7 +47,11 @@ class S3Store(EngineStore):
         tuning: Tuning | None = None,
         ca_bundle: str | None = None,
         proxies: Proxies | None = None,
+        fips: bool | None = None,
+        dualstack: bool | None = None,
     ) -> None:
+        """``fips`` and ``dualstack``: whether to use AWS's FIPS and dual-stack (IPv6)
+        endpoints; None where the environment does not say (then the profile may)."""
         prefix = prefix.strip("/")
         super().__init__(
             prefix,
@@ -56,6 +64,7 @@ class S3Store(EngineStore):
         self.bucket = bucket
         self.keys = keys
         self.region = region or (keys.region if keys else None)
+        self.fips, self.dualstack = fips, dualstack
 
     def _make_engine(self) -> Any:
         from obstore.store import S3Store as Engine
@@ -63,23 +72,41 @@ class S3Store(EngineStore):
         config: dict[str, Any] = {}
         keys: _Keys | _BotocoreChain | None = _Keys(self.keys) if self.keys else None
         region = self.region
+        fips, dualstack = self.fips, self.dualstack
         if keys is None or region is None:  # what only the shared config can say
             chain = _BotocoreChain(self.uri())
             keys = keys or chain
             region = region or chain.region()
             self.endpoint_url = self.endpoint_url or chain.endpoint_url()
             self.ca_bundle = self.ca_bundle or chain.ca_bundle()
+            fips = chain.flag("use_fips_endpoint") if fips is None else fips
+            dualstack = chain.flag("use_dualstack_endpoint") if dualstack is None else dualstack
+        region = region or "us-east-1"
+        if not self.endpoint_url and self.bucket.endswith(EXPRESS_SUFFIX):
+            config["s3_express"] = True  # the engine finds the zone's endpoint and sessions
+        else:
+            self.endpoint_url = self.endpoint_url or aws_endpoint(region, fips, dualstack)
         if self.endpoint_url:
             config.update(endpoint=self.endpoint_url, virtual_hosted_style_request=False)
         return Engine(
             self.bucket,
-            region=region or "us-east-1",
+            region=region,
             checksum_algorithm="sha256",
             credential_provider=keys,
             client_options=self._client_options(),
             retry_config=ENGINE_RETRIES,
             **config,
         )
+
+
+def aws_endpoint(region: str, fips: bool | None, dualstack: bool | None) -> str | None:
+    """The regional endpoint of S3 that FIPS and dual-stack ask for, named as botocore names
+    it; None where neither is asked for (the engine's own endpoint then)."""
+    if not (fips or dualstack):
+        return None
+    host = ("s3-fips" if fips else "s3") + (".dualstack" if dualstack else "")
+    domain = "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
+    return f"https://{host}.{region}.{domain}"
 
 
 class _Keys:
@@ -126,6 +153,14 @@ class _BotocoreChain:
             return str(service["endpoint_url"])
         endpoint = scoped.get("endpoint_url")
         return str(endpoint) if endpoint else None
+
+    def flag(self, name: str) -> bool:
+        """A yes-or-no setting of the environment or the profile (or its ``s3`` section)."""
+        value = self.session.get_config_variable(name)
+        if value is None:
+            service = self.session.get_scoped_config().get("s3")
+            value = service.get(name) if isinstance(service, dict) else None
+        return str(value).lower() == "true"
 
     def __call__(self) -> S3Credential:
         if self.credentials is None:
