@@ -68,6 +68,8 @@ class FaultProxy(Listener):
     lines: list[str] = field(
         default_factory=list
     )  # their request lines: "GET /bucket/key HTTP/1.1"
+    waiting: int = 0  # requests held by the delay now
+    most_waiting: int = 0  # the most held at once
     answered: int = 0  # requests answered 503 by the proxy itself
     corrupted: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -84,6 +86,14 @@ class FaultProxy(Listener):
                 self.corrupted += 1
                 return True
             return False
+
+    def _hold(self) -> None:
+        with self._lock:
+            self.waiting += 1
+            self.most_waiting = max(self.most_waiting, self.waiting)
+        time.sleep(self.delay)
+        with self._lock:
+            self.waiting -= 1
 
     def _serve(self, client: socket.socket) -> None:
         with client, socket.create_connection(("127.0.0.1", self.upstream_port)) as upstream:
@@ -108,7 +118,7 @@ class FaultProxy(Listener):
                     self.requests += 1
                     self.lines.append(line)
                 if self.delay and self.delay_only in line:
-                    time.sleep(self.delay)
+                    self._hold()
                 if self._take("slow_down"):
                     client.sendall(SLOW_DOWN)
                     return

@@ -17,6 +17,7 @@ from fault_proxy import FaultProxy
 from bt_agent.errors import IntegrityError, TransientStoreError
 from bt_agent.settings import Environ
 from bt_agent.storage import open_store
+from bt_agent.storage.base import Wanted
 from bt_agent.storage.engine import Tuning
 from bt_agent.storage.retry import RetryPolicy, retry
 from bt_agent.storage.s3 import S3Store
@@ -235,3 +236,37 @@ def test_a_body_damaged_on_the_way_is_refused_by_the_service(
         proxy.close()
     assert proxy.corrupted == 2
     assert not store.exists("small.bin") and not store.exists("model.bin")
+
+
+@pytest.mark.parametrize(
+    ("size", "budget", "most"),
+    [(1024, 32 * MiB, 128), (MiB, 4 * MiB, 4)],
+    ids=["small-objects", "bodies-bound"],
+)
+def test_a_batch_keeps_many_gets_waiting_on_a_far_store(
+    s3_server: servers.SeaweedFS, tmp_path: Path, size: int, budget: int, most: int
+) -> None:
+    """A store far away (a proxy holds each request 0.3 s): a batch download keeps up to 128
+    GETs waiting on it at once, so that its pace is not one round trip per few objects; fewer
+    where their bodies would hold more than the batch's bytes."""
+    direct = _store(s3_server, RetryPolicy(attempts=1))
+    count = 3 * most
+    for index in range(count):
+        direct.write_bytes(f"small/{index:03d}", bytes([index % 256]) * size)
+    proxy = FaultProxy(s3_server.port, delay=0.3)
+    environ = {**s3_server.client_env(), "AWS_ENDPOINT_URL": proxy.endpoint}
+    try:
+        with open_store(direct.url, Environ(environ)) as far:
+            assert isinstance(far, S3Store)
+            far.tuning = Tuning(batch_bytes=budget)
+            listed = far.list("small/")
+            told: list[Exception | None] = []
+            far.download_batch(
+                iter(Wanted(tmp_path / info.key.replace("/", "-"), info) for info in listed),
+                lambda _, error: told.append(error),
+            )
+        assert told == [None] * count
+        assert proxy.most_waiting == most, proxy.most_waiting
+        assert (tmp_path / "small-007").read_bytes() == bytes([7]) * size
+    finally:
+        proxy.close()

@@ -87,7 +87,11 @@ class Tuning:
     Ranged downloads over plain HTTP are written as they arrive and hold next to nothing. Over
     TLS each range is read whole on the engine's own threads and then written: a thread that
     waited on a streamed range was woken for every TLS record (a few KiB), which cost more CPU
-    than the decryption. Those hold ``tls_ranges x tls_part_size`` bytes at most per store."""
+    than the decryption. Those hold ``tls_ranges x tls_part_size`` bytes at most per store.
+
+    Small objects come down many at once: a store far away makes each GET wait on its round
+    trip, not on bandwidth, so the number in flight sets the pace. The bodies a batch holds
+    (in flight, or fetched and not yet placed) stay within ``batch_bytes``."""
 
     multipart_threshold: int = 16 * MiB  # downloads above this: parallel ranged GETs
     part_size: int = 32 * MiB  # the range of each, streamed (plain HTTP)
@@ -99,7 +103,9 @@ class Tuning:
     multipart_uploads: int = 2  # multipart uploads at once per store (others wait their turn)
     list_page_size: int = 1000
     batch_max_size: int = MiB  # objects up to this size may be fetched in batches
-    batch_in_flight: int = 32  # requests at once in a batch or an upload stream
+    batch_gets: int = 128  # GETs at once in a batch download
+    batch_bytes: int = 32 * MiB  # bodies held at most at once by a batch download
+    batch_in_flight: int = 32  # PUTs at once in an upload stream
 
     def part_size_for(self, size: int, base: int) -> int:
         """``base``, or more where ``size`` would need more than 10,000 parts of it."""
@@ -569,21 +575,30 @@ class EngineStore(ObjectStore):
         return self.tuning.batch_max_size
 
     def download_batch(self, wanted: Iterator[Wanted], finished: Finished) -> None:
-        """Up to ``batch_in_flight`` GETs at once on the batch threads, each object read whole;
-        the bodies are placed from the caller's thread, one after another (threads that create
-        files in one directory at once wait on its lock, and on each other, for longer than the
-        files take to write). No object is taken from ``wanted`` once one has failed (the
-        caller fetches the rest one by one). Returns once no GET of the batch is in flight;
-        an error of taking an object or of ``finished`` is raised then."""
-        fetched: queue.SimpleQueue[Future[_Fetched]] = queue.SimpleQueue()
-        pool = self._pool("bt-batch", self.tuning.batch_in_flight)
-        in_flight, failed = 0, False
+        """Up to ``batch_gets`` GETs at once on the fetch threads, each object read whole, while
+        the bodies held stay within ``batch_bytes``; the bodies are placed from the caller's
+        thread, one after another (threads that create files in one directory at once wait on
+        its lock, and on each other, for longer than the files take to write). No object is
+        taken from ``wanted`` once one has failed (the caller fetches the rest one by one).
+        Returns once no GET of the batch is in flight; an error of taking an object or of
+        ``finished`` is raised then."""
+        tuning = self.tuning
+        fetched: queue.SimpleQueue[tuple[Future[_Fetched], int]] = queue.SimpleQueue()
+        pool = self._pool("bt-fetch", tuning.batch_gets)
+        in_flight, held, failed = 0, 0, False  # held: bytes of the bodies not yet placed
         first: BaseException | None = None
 
+        def room() -> bool:  # for one more object, were it as large as a batch takes
+            fits = held + tuning.batch_max_size <= tuning.batch_bytes
+            return in_flight == 0 or (in_flight < tuning.batch_gets and fits)
+
+        def done(size: int, future: Future[_Fetched]) -> None:
+            fetched.put((future, size))
+
         def settle() -> None:
-            nonlocal in_flight, failed, first
-            future = fetched.get()
-            in_flight -= 1
+            nonlocal in_flight, held, failed, first
+            future, size = fetched.get()
+            in_flight, held = in_flight - 1, held - size
             try:
                 item, body, claimed = future.result()
                 outcome = body if isinstance(body, Exception) else self._placed(item, body, claimed)
@@ -594,13 +609,14 @@ class EngineStore(ObjectStore):
 
         try:
             while not failed:
-                if in_flight >= self.tuning.batch_in_flight:
+                if not room():
                     settle()
                 elif (item := next(wanted, None)) is not None:
+                    size = item.expected.size
                     pool.submit(functools.partial(self._fetch_whole, item)).add_done_callback(
-                        fetched.put
+                        functools.partial(done, size)
                     )
-                    in_flight += 1
+                    in_flight, held = in_flight + 1, held + size
                 else:
                     break
         finally:
