@@ -57,7 +57,7 @@ class FaultProxy(Listener):
     """Listens on 127.0.0.1; the first ``slow_down`` requests are answered 503 SlowDown, and
     the body of the first ``corrupt`` requests that carry one has a byte flipped; every request
     (or only those whose request line holds ``delay_only``) waits ``delay`` seconds before it
-    is passed on."""
+    is passed on, one after another where ``serial``."""
 
     upstream_port: int
     slow_down: int = 0
@@ -68,11 +68,13 @@ class FaultProxy(Listener):
     lines: list[str] = field(
         default_factory=list
     )  # their request lines: "GET /bucket/key HTTP/1.1"
+    serial: bool = False  # the delay holds one request at a time (a store answering one by one)
     waiting: int = 0  # requests held by the delay now
     most_waiting: int = 0  # the most held at once
     answered: int = 0  # requests answered 503 by the proxy itself
     corrupted: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _turn: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
         self._listen()
@@ -91,7 +93,8 @@ class FaultProxy(Listener):
         with self._lock:
             self.waiting += 1
             self.most_waiting = max(self.most_waiting, self.waiting)
-        time.sleep(self.delay)
+        with self._turn if self.serial else contextlib.nullcontext():
+            time.sleep(self.delay)
         with self._lock:
             self.waiting -= 1
 

@@ -239,21 +239,23 @@ def test_a_body_damaged_on_the_way_is_refused_by_the_service(
 
 
 @pytest.mark.parametrize(
-    ("size", "budget", "most"),
-    [(1024, 32 * MiB, 128), (MiB, 4 * MiB, 4)],
-    ids=["small-objects", "bodies-bound"],
+    ("size", "budget", "serial", "most"),
+    [(1024, 32 * MiB, False, 128), (1024, 32 * MiB, True, 64), (MiB, 4 * MiB, False, 4)],
+    ids=["far-store", "one-request-at-a-time", "bodies-bound"],
 )
-def test_a_batch_keeps_many_gets_waiting_on_a_far_store(
-    s3_server: servers.SeaweedFS, tmp_path: Path, size: int, budget: int, most: int
+def test_a_batch_keeps_as_many_gets_waiting_as_fetch_faster(
+    s3_server: servers.SeaweedFS, tmp_path: Path, size: int, budget: int, serial: bool, most: int
 ) -> None:
-    """A store far away (a proxy holds each request 0.3 s): a batch download keeps up to 128
-    GETs waiting on it at once, so that its pace is not one round trip per few objects; fewer
-    where their bodies would hold more than the batch's bytes."""
+    """A store far away (a proxy holds each request a while): a batch download starts with 32
+    GETs waiting on it at once and doubles them, up to 128, while each doubling fetches
+    faster; from a store that answers one request at a time a doubling does not, and the
+    batch stays at 64 (the first doubling is always tried). Where the bodies would hold more
+    than the batch's bytes, fewer are asked for at once."""
     direct = _store(s3_server, RetryPolicy(attempts=1))
-    count = 3 * most
+    count = 320 if serial else 3 * most
     for index in range(count):
         direct.write_bytes(f"small/{index:03d}", bytes([index % 256]) * size)
-    proxy = FaultProxy(s3_server.port, delay=0.3)
+    proxy = FaultProxy(s3_server.port, delay=0.01 if serial else 0.3, serial=serial)
     environ = {**s3_server.client_env(), "AWS_ENDPOINT_URL": proxy.endpoint}
     try:
         with open_store(direct.url, Environ(environ)) as far:

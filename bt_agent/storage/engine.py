@@ -21,6 +21,7 @@ import os
 import queue
 import re
 import threading
+import time
 from abc import abstractmethod
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import Future
@@ -90,8 +91,8 @@ class Tuning:
     than the decryption. Those hold ``tls_ranges x tls_part_size`` bytes at most per store.
 
     Small objects come down many at once: a store far away makes each GET wait on its round
-    trip, not on bandwidth, so the number in flight sets the pace. The bodies a batch holds
-    (in flight, or fetched and not yet placed) stay within ``batch_bytes``."""
+    trip, not on bandwidth, so the number in flight sets the pace (:class:`_Pace`). The bodies
+    a batch holds (in flight, or fetched and not yet placed) stay within ``batch_bytes``."""
 
     multipart_threshold: int = 16 * MiB  # downloads above this: parallel ranged GETs
     part_size: int = 32 * MiB  # the range of each, streamed (plain HTTP)
@@ -103,7 +104,8 @@ class Tuning:
     multipart_uploads: int = 2  # multipart uploads at once per store (others wait their turn)
     list_page_size: int = 1000
     batch_max_size: int = MiB  # objects up to this size may be fetched in batches
-    batch_gets: int = 128  # GETs at once in a batch download
+    batch_gets_from: int = 32  # GETs at once in a batch download, at first
+    batch_gets: int = 128  # ... at most, while more fetch faster
     batch_bytes: int = 32 * MiB  # bodies held at most at once by a batch download
     batch_in_flight: int = 32  # PUTs at once in an upload stream
 
@@ -575,22 +577,23 @@ class EngineStore(ObjectStore):
         return self.tuning.batch_max_size
 
     def download_batch(self, wanted: Iterator[Wanted], finished: Finished) -> None:
-        """Up to ``batch_gets`` GETs at once on the fetch threads, each object read whole, while
-        the bodies held stay within ``batch_bytes``; the bodies are placed from the caller's
-        thread, one after another (threads that create files in one directory at once wait on
-        its lock, and on each other, for longer than the files take to write). No object is
-        taken from ``wanted`` once one has failed (the caller fetches the rest one by one).
-        Returns once no GET of the batch is in flight; an error of taking an object or of
-        ``finished`` is raised then."""
+        """GETs many at once on the fetch threads (as many as :class:`_Pace` finds worth it),
+        each object read whole, while the bodies held stay within ``batch_bytes``; the bodies
+        are placed from the caller's thread, one after another (threads that create files in
+        one directory at once wait on its lock, and on each other, for longer than the files
+        take to write). No object is taken from ``wanted`` once one has failed (the caller
+        fetches the rest one by one). Returns once no GET of the batch is in flight; an error
+        of taking an object or of ``finished`` is raised then."""
         tuning = self.tuning
         fetched: queue.SimpleQueue[tuple[Future[_Fetched], int]] = queue.SimpleQueue()
         pool = self._pool("bt-fetch", tuning.batch_gets)
+        pace = _Pace(tuning.batch_gets_from, tuning.batch_gets)
         in_flight, held, failed = 0, 0, False  # held: bytes of the bodies not yet placed
         first: BaseException | None = None
 
         def room() -> bool:  # for one more object, were it as large as a batch takes
             fits = held + tuning.batch_max_size <= tuning.batch_bytes
-            return in_flight == 0 or (in_flight < tuning.batch_gets and fits)
+            return in_flight == 0 or (in_flight < pace.limit and fits)
 
         def done(size: int, future: Future[_Fetched]) -> None:
             fetched.put((future, size))
@@ -599,6 +602,7 @@ class EngineStore(ObjectStore):
             nonlocal in_flight, held, failed, first
             future, size = fetched.get()
             in_flight, held = in_flight - 1, held - size
+            pace.arrived()
             try:
                 item, body, claimed = future.result()
                 outcome = body if isinstance(body, Exception) else self._placed(item, body, claimed)
@@ -709,6 +713,34 @@ class EngineStore(ObjectStore):
                 future.exception()  # waits for it
         for future in pending:
             future.result()
+
+
+class _Pace:
+    """How many GETs a batch keeps in flight. From a store far away each small object waits on
+    its round trip, and more in flight fetch them faster; from a near one this machine is the
+    bound, and each further connection only costs its TLS handshake. So a batch starts with
+    ``least`` and doubles, up to ``most``, for as long as the last doubling raised the rate at
+    which bodies arrive by a quarter, each rate measured over twice as many bodies as were
+    allowed in flight."""
+
+    def __init__(self, least: int, most: int) -> None:
+        self.limit, self.most = least, max(least, most)
+        self._rate = 0.0
+        self._count = 0
+        self._since = time.monotonic()
+
+    def arrived(self) -> None:
+        """One more body has come."""
+        self._count += 1
+        if self.limit >= self.most or self._count < 2 * self.limit:
+            return
+        now = time.monotonic()
+        rate = self._count / max(now - self._since, 1e-9)
+        if rate >= 1.25 * self._rate:
+            self.limit = min(self.most, 2 * self.limit)
+        else:
+            self.most = self.limit  # more did not fetch faster: stay
+        self._rate, self._count, self._since = rate, 0, now
 
 
 class _DaemonPool:
