@@ -2,7 +2,7 @@
 in one run; and file:// against cp -r plus sync.
 
     python benchmarks/transfer.py [--big-mib 256] [--small-count 2000] [--tls] [--repeat 3]
-                                  [--file-only]
+                                  [--latency-ms 20] [--file-only]
 
 Shapes: (a) 4 files of 256 MiB, (b) 2,000 files of 64 KiB; each uploaded then downloaded by each
 client in turn, into a fresh prefix and directory. Prints wall seconds and client CPU seconds per
@@ -11,7 +11,9 @@ rounds in which the clients take turns (each round begun by the next client, so 
 runs first), and the agent's peak RSS (the largest of its rounds; the peers do not report
 theirs). With ``--tls`` every S3 row is run over plain HTTP and again over https
 (SeaweedFS's TLS port, its certificate signed by a CA of the run's own that each client trusts:
-``AWS_CA_BUNDLE``, rclone's ``--ca-cert``).
+``AWS_CA_BUNDLE``, rclone's ``--ca-cert``). With ``--latency-ms`` the small files go again over
+plain HTTP through a proxy that holds each request that long: a store far away, where the
+requests in flight, not this machine, set the pace (the large files would measure the proxy).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from _ours import PEAK_RSS
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 import servers  # noqa: E402  (the same server fixtures the tests use)
+from fault_proxy import FaultProxy  # noqa: E402
 
 GiB = 1024**3
 Command = Callable[[str, Path, str], list[str]]  # (direction, local dir, remote URL)
@@ -100,10 +103,16 @@ def _clients(endpoint: str) -> dict[str, Command]:
 
 
 def _s3_rows(
-    server: servers.SeaweedFS, shapes: dict[str, Path], work: Path, tls: bool, repeat: int
+    server: servers.SeaweedFS,
+    shapes: dict[str, Path],
+    work: Path,
+    tls: bool,
+    repeat: int,
+    far: FaultProxy | None = None,
 ) -> list[dict]:
-    """Each client's median of ``repeat`` rounds (wall and CPU), the clients interleaved."""
-    endpoint = server.https_endpoint if tls else server.endpoint
+    """Each client's median of ``repeat`` rounds (wall and CPU), the clients interleaved;
+    through ``far`` (plain HTTP) where given."""
+    endpoint = server.https_endpoint if tls else far.endpoint if far else server.endpoint
     env = {
         **os.environ,
         "AWS_ACCESS_KEY_ID": servers.ACCESS_KEY,
@@ -121,8 +130,8 @@ def _s3_rows(
         env["AWS_CA_BUNDLE"] = env["RCLONE_CA_CERT"] = str(server.certificates.ca)
     else:
         env.pop("AWS_CA_BUNDLE", None)
-    transport = "https" if tls else "http"
-    bucket = f"bench{transport}"
+    transport = "https" if tls else f"http +{far.delay * 1000:.0f} ms" if far else "http"
+    bucket = "benchhttps" if tls else "benchfar" if far else "benchhttp"
     server.create_bucket(bucket)
     rows = []
     for shape, source in shapes.items():
@@ -248,12 +257,21 @@ def _memory_verdict(rows: list[dict]) -> str:
     return f"bt-agent peak RSS: {peak:.1f} MiB ({peak * 1.048576:.0f} MB; target <= 150 MB)"
 
 
-def _s3_rows_on_a_server(work: Path, shapes: dict[str, Path], tls: bool, repeat: int) -> list[dict]:
+def _s3_rows_on_a_server(
+    work: Path, shapes: dict[str, Path], tls: bool, repeat: int, latency_ms: float
+) -> list[dict]:
     server = servers.seaweedfs(work / "server")
     try:
         rows = _s3_rows(server, shapes, work, tls=False, repeat=repeat)
         if tls:
             rows += _s3_rows(server, shapes, work, tls=True, repeat=repeat)
+        if latency_ms:
+            far = FaultProxy(server.port, delay=latency_ms / 1000)
+            small = dict(list(shapes.items())[1:])
+            try:
+                rows += _s3_rows(server, small, work, tls=False, repeat=repeat, far=far)
+            finally:
+                far.close()
     finally:
         server.stop()
     return rows
@@ -265,6 +283,12 @@ def main() -> int:
     parser.add_argument("--small-count", type=int, default=2000)
     parser.add_argument("--tls", action="store_true", help="also run every S3 row over https")
     parser.add_argument("--repeat", type=int, default=3, help="rounds per shape (medians)")
+    parser.add_argument(
+        "--latency-ms",
+        type=float,
+        default=0,
+        help="also move the small files through a proxy holding each request this long",
+    )
     parser.add_argument(
         "--file-only", action="store_true", help="only file:// against cp -r + sync"
     )
@@ -281,7 +305,11 @@ def main() -> int:
             big: _make_tree(work / "big", 4, args.big_mib * 1024 * 1024),
             small: _make_tree(work / "small", args.small_count, 64 * 1024),
         }
-        rows = [] if args.file_only else _s3_rows_on_a_server(work, shapes, args.tls, args.repeat)
+        rows = (
+            []
+            if args.file_only
+            else _s3_rows_on_a_server(work, shapes, args.tls, args.repeat, args.latency_ms)
+        )
         rows += _file_rows(shapes, work, args.repeat)
     columns = [
         *("transport", "shape", "direction", "client"),

@@ -98,6 +98,27 @@ class FaultProxy(Listener):
         with self._lock:
             self.waiting -= 1
 
+    def _pass_on_continued(
+        self, client: socket.socket, upstream: socket.socket, head: bytes, length: int, got: bytes
+    ) -> bytes:
+        """A request that waits for the server's ``100 Continue`` before its body (as botocore's
+        PUTs do): its head passed on (after the delay), then its body as it comes; returns what
+        the client sent past the body."""
+        line = _request_line(head)
+        with self._lock:
+            self.requests += 1
+            self.lines.append(line)
+        if self.delay and self.delay_only in line:
+            self._hold()
+        upstream.sendall(head + b"\r\n\r\n")
+        while length:
+            if not got and not (got := client.recv(65536)):
+                return b""
+            body, got = got[:length], got[length:]
+            upstream.sendall(body)
+            length -= len(body)
+        return got
+
     def _serve(self, client: socket.socket) -> None:
         with client, socket.create_connection(("127.0.0.1", self.upstream_port)) as upstream:
             threading.Thread(target=pipe, args=(upstream, client), daemon=True).start()
@@ -110,6 +131,9 @@ class FaultProxy(Listener):
                     buffer += data
                 head, _, buffer = buffer.partition(b"\r\n\r\n")
                 length = _content_length(head)
+                if _header(head, b"expect") == b"100-continue":  # the client waits for "100"
+                    buffer = self._pass_on_continued(client, upstream, head, length, buffer)
+                    continue
                 while len(buffer) < length:
                     data = client.recv(65536)
                     if not data:
