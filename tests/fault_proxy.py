@@ -98,18 +98,22 @@ class FaultProxy(Listener):
         with self._lock:
             self.waiting -= 1
 
-    def _pass_on_continued(
-        self, client: socket.socket, upstream: socket.socket, head: bytes, length: int, got: bytes
-    ) -> bytes:
-        """A request that waits for the server's ``100 Continue`` before its body (as botocore's
-        PUTs do): its head passed on (after the delay), then its body as it comes; returns what
-        the client sent past the body."""
+    def _arrived(self, head: bytes) -> None:
+        """A request counted, and held for the delay where it applies."""
         line = _request_line(head)
         with self._lock:
             self.requests += 1
             self.lines.append(line)
         if self.delay and self.delay_only in line:
             self._hold()
+
+    def _pass_on_continued(
+        self, client: socket.socket, upstream: socket.socket, head: bytes, length: int, got: bytes
+    ) -> bytes:
+        """A request that waits for the server's ``100 Continue`` before its body (as botocore's
+        PUTs do): its head passed on (after the delay), then its body as it comes; returns what
+        the client sent past the body."""
+        self._arrived(head)
         upstream.sendall(head + b"\r\n\r\n")
         while length:
             if not got and not (got := client.recv(65536)):
@@ -140,12 +144,7 @@ class FaultProxy(Listener):
                         return
                     buffer += data
                 body, buffer = buffer[:length], buffer[length:]
-                line = _request_line(head)
-                with self._lock:
-                    self.requests += 1
-                    self.lines.append(line)
-                if self.delay and self.delay_only in line:
-                    self._hold()
+                self._arrived(head)
                 if self._take("slow_down"):
                     client.sendall(SLOW_DOWN)
                     return
