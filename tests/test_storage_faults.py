@@ -17,7 +17,7 @@ from fault_proxy import FaultProxy
 from bt_agent.errors import IntegrityError, TransientStoreError
 from bt_agent.settings import Environ
 from bt_agent.storage import open_store
-from bt_agent.storage.base import Wanted
+from bt_agent.storage.base import Upload, Wanted
 from bt_agent.storage.engine import Tuning
 from bt_agent.storage.retry import RetryPolicy, retry
 from bt_agent.storage.s3 import S3Store
@@ -270,5 +270,34 @@ def test_a_batch_keeps_as_many_gets_waiting_as_fetch_faster(
         assert told == [None] * count
         assert proxy.most_waiting == most, proxy.most_waiting
         assert (tmp_path / "small-007").read_bytes() == bytes([7]) * size
+    finally:
+        proxy.close()
+
+
+def test_an_upload_stream_keeps_as_many_puts_waiting_as_go_faster(
+    s3_server: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    """The same for the small files of an upload stream (the checkpoint sidecar's): from 32
+    PUTs waiting on a store far away at once up to 128, each file stored once."""
+    direct = _store(s3_server, RetryPolicy(attempts=1))
+    files = []
+    for index in range(384):
+        path = tmp_path / f"{index:03d}.bin"
+        path.write_bytes(bytes([index % 256]) * 1024)
+        files.append(Upload(path, f"small/{index:03d}"))
+    proxy = FaultProxy(s3_server.port, delay=0.3)
+    environ = {**s3_server.client_env(), "AWS_ENDPOINT_URL": proxy.endpoint}
+    try:
+        with open_store(direct.url, Environ(environ)) as far:
+            handed = iter([files])
+            told: dict[str, str | Exception] = {}
+            far.upload_stream(
+                lambda: next(handed, None),
+                lambda upload, outcome: told.__setitem__(upload.key, outcome),
+            )
+        assert sorted(told) == [upload.key for upload in files]
+        assert all(isinstance(outcome, str) for outcome in told.values()), told
+        assert proxy.most_waiting == 128, proxy.most_waiting
+        assert direct.read_bytes("small/007") == bytes([7]) * 1024
     finally:
         proxy.close()

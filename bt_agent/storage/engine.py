@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from bt_agent.errors import (
     AccessDeniedError,
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig
 
 T = TypeVar("T")
+R = TypeVar("R")  # what the calls of an :class:`_InFlight` return
 #: One object of a batch download: its body (or why there is none) and the sha256 it claims.
 _Fetched = tuple[Wanted, memoryview | Exception, str | None]
 MiB = 1024 * 1024
@@ -90,9 +91,10 @@ class Tuning:
     waited on a streamed range was woken for every TLS record (a few KiB), which cost more CPU
     than the decryption. Those hold ``tls_ranges x tls_part_size`` bytes at most per store.
 
-    Small objects come down many at once: a store far away makes each GET wait on its round
+    Small objects go many at once: a store far away makes each request wait on its round
     trip, not on bandwidth, so the number in flight sets the pace (:class:`_Pace`). The bodies
-    a batch holds (in flight, or fetched and not yet placed) stay within ``batch_bytes``."""
+    a batch or a stream holds (in flight, or fetched and not yet placed) stay within
+    ``batch_bytes``."""
 
     multipart_threshold: int = 16 * MiB  # downloads above this: parallel ranged GETs
     part_size: int = 32 * MiB  # the range of each, streamed (plain HTTP)
@@ -105,9 +107,10 @@ class Tuning:
     list_page_size: int = 1000
     batch_max_size: int = MiB  # objects up to this size may be fetched in batches
     batch_gets_from: int = 32  # GETs at once in a batch download, at first
-    batch_gets: int = 128  # ... at most, while more fetch faster
-    batch_bytes: int = 32 * MiB  # bodies held at most at once by a batch download
-    batch_in_flight: int = 32  # PUTs at once in an upload stream
+    batch_gets: int = 128  # ... at most, while more go faster
+    batch_puts_from: int = 32  # PUTs at once in an upload stream, at first
+    batch_puts: int = 128  # ... at most, while more go faster
+    batch_bytes: int = 32 * MiB  # bodies held at most at once by a batch or a stream
 
     def part_size_for(self, size: int, base: int) -> int:
         """``base``, or more where ``size`` would need more than 10,000 parts of it."""
@@ -585,24 +588,18 @@ class EngineStore(ObjectStore):
         fetches the rest one by one). Returns once no GET of the batch is in flight; an error
         of taking an object or of ``finished`` is raised then."""
         tuning = self.tuning
-        fetched: queue.SimpleQueue[tuple[Future[_Fetched], int]] = queue.SimpleQueue()
-        pool = self._pool("bt-fetch", tuning.batch_gets)
-        pace = _Pace(tuning.batch_gets_from, tuning.batch_gets)
-        in_flight, held, failed = 0, 0, False  # held: bytes of the bodies not yet placed
+        flight = _InFlight[_Fetched](
+            self._pool("bt-fetch", tuning.batch_gets),
+            _Pace(tuning.batch_gets_from, tuning.batch_gets),
+            tuning.batch_bytes,
+            tuning.batch_max_size,
+        )
+        failed = False
         first: BaseException | None = None
 
-        def room() -> bool:  # for one more object, were it as large as a batch takes
-            fits = held + tuning.batch_max_size <= tuning.batch_bytes
-            return in_flight == 0 or (in_flight < pace.limit and fits)
-
-        def done(size: int, future: Future[_Fetched]) -> None:
-            fetched.put((future, size))
-
         def settle() -> None:
-            nonlocal in_flight, held, failed, first
-            future, size = fetched.get()
-            in_flight, held = in_flight - 1, held - size
-            pace.arrived()
+            nonlocal failed, first
+            future = flight.next_ended()
             try:
                 item, body, claimed = future.result()
                 outcome = body if isinstance(body, Exception) else self._placed(item, body, claimed)
@@ -613,18 +610,14 @@ class EngineStore(ObjectStore):
 
         try:
             while not failed:
-                if not room():
+                if not flight.room():
                     settle()
                 elif (item := next(wanted, None)) is not None:
-                    size = item.expected.size
-                    pool.submit(functools.partial(self._fetch_whole, item)).add_done_callback(
-                        functools.partial(done, size)
-                    )
-                    in_flight, held = in_flight + 1, held + size
+                    flight.start(functools.partial(self._fetch_whole, item), item.expected.size)
                 else:
                     break
         finally:
-            while in_flight:
+            while flight.count:
                 settle()
         if first is not None:
             raise first
@@ -655,14 +648,46 @@ class EngineStore(ObjectStore):
         take: Callable[[], Sequence[U] | None],
         finished: Callable[[U, str | Exception], None],
     ) -> None:
+        """Each file read whole and stored by one PUT on the batch threads, as many at once as
+        :class:`_Pace` finds worth it, the files in flight within ``batch_bytes``; files are
+        taken on the caller's thread, each once there is room for it, and none once a call of
+        ``finished`` has failed. Returns when every PUT is done, so no thread of the stream is
+        inside the engine afterwards (an interpreter that ends then must not find one there);
+        the first error of ``finished``, or of taking a file, is raised then."""
+        tuning = self.tuning
+        flight = _InFlight[None](
+            self._pool("bt-batch", tuning.batch_puts),
+            _Pace(tuning.batch_puts_from, tuning.batch_puts),
+            tuning.batch_bytes,
+            tuning.batch_max_size,
+        )
+        first: BaseException | None = None
+
         def put(item: U) -> None:
             finished(item, self._put_whole(item))
+
+        def settle() -> None:
+            nonlocal first
+            first = first or flight.next_ended().exception()
 
         def handed() -> Iterator[U]:
             while (batch := take()) is not None:
                 yield from batch
 
-        self._in_flight(put, handed())
+        items = handed()
+        try:
+            while first is None:
+                if not flight.room():
+                    settle()
+                elif (item := next(items, None)) is not None:
+                    flight.start(functools.partial(put, item), _size(item.path))
+                else:
+                    break
+        finally:
+            while flight.count:
+                settle()
+        if first is not None:
+            raise first
 
     def _put_whole(self, item: U) -> str | Exception:
         """One file of an upload stream stored by one PUT: its sha256, or why not."""
@@ -677,42 +702,39 @@ class EngineStore(ObjectStore):
             return exc
         return digest
 
-    def _in_flight(self, call: Callable[[T], None], items: Iterator[T]) -> None:
-        """``call`` on each item on the batch threads, at most ``batch_in_flight`` at once;
-        items are taken on the caller's thread, each once there is room for it. Returns when
-        every call is done, so no thread of the batch is inside the engine afterwards (an
-        interpreter that ends then must not find one there); the first error of a call, or of
-        taking an item, is raised then."""
-        room = threading.BoundedSemaphore(self.tuning.batch_in_flight)
-        pool = self._pool("bt-batch", self.tuning.batch_in_flight)
-        pending: list[Future[None]] = []
 
-        def run(item: T) -> None:
-            try:
-                call(item)
-            finally:
-                room.release()
+class _InFlight(Generic[R]):
+    """Calls on ``pool``, as many at once as ``pace`` allows while what their objects hold stays
+    within ``budget`` bytes (room for one more is room for one as large as ``largest``), each
+    taken back as it ends."""
 
-        try:
-            while True:
-                room.acquire()
-                item = next(items, None)
-                if item is None:
-                    room.release()
-                    break
-                pending.append(pool.submit(functools.partial(run, item)))
-                if len(pending) >= 4 * self.tuning.batch_in_flight:  # a long stream: forget
-                    over, pending = pending, []  # the calls that are over, their errors raised
-                    for future in over:
-                        if future.done():
-                            future.result()
-                        else:
-                            pending.append(future)
-        finally:
-            for future in pending:
-                future.exception()  # waits for it
-        for future in pending:
-            future.result()
+    def __init__(self, pool: _DaemonPool, pace: _Pace, budget: int, largest: int) -> None:
+        self.count = 0  # calls started and not yet taken back
+        self._pool, self._pace = pool, pace
+        self._budget, self._largest = budget, largest
+        self._held = 0
+        self._ended: queue.SimpleQueue[tuple[Future[R], int]] = queue.SimpleQueue()
+
+    def room(self) -> bool:
+        """Whether one more call may start."""
+        fits = self._held + self._largest <= self._budget
+        return self.count == 0 or (self.count < self._pace.limit and fits)
+
+    def start(self, call: Callable[[], R], size: int) -> None:
+        """``call`` on the pool, its object of ``size`` bytes."""
+        future = self._pool.submit(call)
+        future.add_done_callback(functools.partial(self._end, size))
+        self.count, self._held = self.count + 1, self._held + size
+
+    def next_ended(self) -> Future[R]:
+        """The next call to end (waiting for one), taken back."""
+        future, size = self._ended.get()
+        self.count, self._held = self.count - 1, self._held - size
+        self._pace.arrived()
+        return future
+
+    def _end(self, size: int, future: Future[R]) -> None:
+        self._ended.put((future, size))
 
 
 class _Pace:
@@ -809,6 +831,14 @@ class _DaemonLoop:
             self._loop.run_forever()
         finally:
             self._loop.close()
+
+
+def _size(path: Path) -> int:
+    """``path``'s size; 0 where it cannot be read (its PUT then says why)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _write_at(fd: int, body: memoryview, offset: int) -> None:
