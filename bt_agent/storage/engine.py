@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 R = TypeVar("R")  # what the calls of an :class:`_InFlight` return
+A = TypeVar("A")  # what they are called with
 #: One object of a batch download: its body (or why there is none) and the sha256 it claims.
 _Fetched = tuple[Wanted, memoryview | Exception, str | None]
 MiB = 1024 * 1024
@@ -234,6 +235,13 @@ class EngineStore(ObjectStore):
             if name not in self._pools:
                 self._pools[name] = _DaemonPool(size, name)
             return self._pools[name]
+
+    def _flight(self, name: str, least: int, most: int) -> _InFlight[Any]:
+        """Calls on the store's pool ``name``, from ``least`` up to ``most`` at once as
+        :class:`_Pace` finds worth it, their objects within ``batch_bytes``."""
+        tuning = self.tuning
+        pool = self._pool(name, most)
+        return _InFlight(pool, _Pace(least, most), tuning.batch_bytes, tuning.batch_max_size)
 
     def _event_loop(self) -> _DaemonLoop:
         """The store's event loop, on a thread of its own, started at first use."""
@@ -588,18 +596,14 @@ class EngineStore(ObjectStore):
         fetches the rest one by one). Returns once no GET of the batch is in flight; an error
         of taking an object or of ``finished`` is raised then."""
         tuning = self.tuning
-        flight = _InFlight[_Fetched](
-            self._pool("bt-fetch", tuning.batch_gets),
-            _Pace(tuning.batch_gets_from, tuning.batch_gets),
-            tuning.batch_bytes,
-            tuning.batch_max_size,
+        flight: _InFlight[_Fetched] = self._flight(
+            "bt-fetch", tuning.batch_gets_from, tuning.batch_gets
         )
         failed = False
         first: BaseException | None = None
 
-        def settle() -> None:
+        def settle(future: Future[_Fetched]) -> bool:
             nonlocal failed, first
-            future = flight.next_ended()
             try:
                 item, body, claimed = future.result()
                 outcome = body if isinstance(body, Exception) else self._placed(item, body, claimed)
@@ -607,18 +611,9 @@ class EngineStore(ObjectStore):
                 finished(item, outcome)
             except BaseException as exc:
                 failed, first = True, first or exc
+            return not failed
 
-        try:
-            while not failed:
-                if not flight.room():
-                    settle()
-                elif (item := next(wanted, None)) is not None:
-                    flight.start(functools.partial(self._fetch_whole, item), item.expected.size)
-                else:
-                    break
-        finally:
-            while flight.count:
-                settle()
+        flight.drive(wanted, self._fetch_whole, lambda item: item.expected.size, settle)
         if first is not None:
             raise first
 
@@ -655,37 +650,24 @@ class EngineStore(ObjectStore):
         inside the engine afterwards (an interpreter that ends then must not find one there);
         the first error of ``finished``, or of taking a file, is raised then."""
         tuning = self.tuning
-        flight = _InFlight[None](
-            self._pool("bt-batch", tuning.batch_puts),
-            _Pace(tuning.batch_puts_from, tuning.batch_puts),
-            tuning.batch_bytes,
-            tuning.batch_max_size,
+        flight: _InFlight[None] = self._flight(
+            "bt-batch", tuning.batch_puts_from, tuning.batch_puts
         )
         first: BaseException | None = None
 
         def put(item: U) -> None:
             finished(item, self._put_whole(item))
 
-        def settle() -> None:
+        def settle(future: Future[None]) -> bool:
             nonlocal first
-            first = first or flight.next_ended().exception()
+            first = first or future.exception()
+            return first is None
 
         def handed() -> Iterator[U]:
             while (batch := take()) is not None:
                 yield from batch
 
-        items = handed()
-        try:
-            while first is None:
-                if not flight.room():
-                    settle()
-                elif (item := next(items, None)) is not None:
-                    flight.start(functools.partial(put, item), _size(item.path))
-                else:
-                    break
-        finally:
-            while flight.count:
-                settle()
+        flight.drive(handed(), put, lambda item: _size(item.path), settle)
         if first is not None:
             raise first
 
@@ -714,6 +696,29 @@ class _InFlight(Generic[R]):
         self._budget, self._largest = budget, largest
         self._held = 0
         self._ended: queue.SimpleQueue[tuple[Future[R], int]] = queue.SimpleQueue()
+
+    def drive(
+        self,
+        items: Iterator[A],
+        call: Callable[[A], R],
+        size: Callable[[A], int],
+        settle: Callable[[Future[R]], bool],
+    ) -> None:
+        """``call`` on each of ``items``, each taken once there is room for it (its object of
+        ``size(item)`` bytes); ``settle`` told of each call as it ends, on this thread (False:
+        take no more). Returns once no call is in flight."""
+        going = True
+        try:
+            while going:
+                if not self.room():
+                    going = settle(self.next_ended())
+                elif (item := next(items, None)) is not None:
+                    self.start(functools.partial(call, item), size(item))
+                else:
+                    break
+        finally:
+            while self.count:
+                settle(self.next_ended())
 
     def room(self) -> bool:
         """Whether one more call may start."""
