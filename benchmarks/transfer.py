@@ -267,7 +267,7 @@ def _s3_rows_on_a_server(
             rows += _s3_rows(server, shapes, work, tls=True, repeat=repeat)
         if latency_ms:
             far = FaultProxy(server.port, delay=latency_ms / 1000)
-            small = dict(list(shapes.items())[1:])
+            small = dict(list(shapes.items())[1:])  # main's shapes: the large files, then the small
             try:
                 rows += _s3_rows(server, small, work, tls=False, repeat=repeat, far=far)
             finally:

@@ -691,7 +691,7 @@ class _InFlight(Generic[R]):
     taken back as it ends."""
 
     def __init__(self, pool: _DaemonPool, pace: _Pace, budget: int, largest: int) -> None:
-        self.count = 0  # calls started and not yet taken back
+        self._count = 0  # calls started and not yet taken back
         self._pool, self._pace = pool, pace
         self._budget, self._largest = budget, largest
         self._held = 0
@@ -710,31 +710,31 @@ class _InFlight(Generic[R]):
         going = True
         try:
             while going:
-                if not self.room():
-                    going = settle(self.next_ended())
+                if not self._room():
+                    going = settle(self._next_ended())
                 elif (item := next(items, None)) is not None:
-                    self.start(functools.partial(call, item), size(item))
+                    self._start(functools.partial(call, item), size(item))
                 else:
                     break
         finally:
-            while self.count:
-                settle(self.next_ended())
+            while self._count:
+                settle(self._next_ended())
 
-    def room(self) -> bool:
+    def _room(self) -> bool:
         """Whether one more call may start."""
         fits = self._held + self._largest <= self._budget
-        return self.count == 0 or (self.count < self._pace.limit and fits)
+        return self._count == 0 or (self._count < self._pace.limit and fits)
 
-    def start(self, call: Callable[[], R], size: int) -> None:
+    def _start(self, call: Callable[[], R], size: int) -> None:
         """``call`` on the pool, its object of ``size`` bytes."""
         future = self._pool.submit(call)
         future.add_done_callback(functools.partial(self._end, size))
-        self.count, self._held = self.count + 1, self._held + size
+        self._count, self._held = self._count + 1, self._held + size
 
-    def next_ended(self) -> Future[R]:
+    def _next_ended(self) -> Future[R]:
         """The next call to end (waiting for one), taken back."""
         future, size = self._ended.get()
-        self.count, self._held = self.count - 1, self._held - size
+        self._count, self._held = self._count - 1, self._held - size
         self._pace.arrived()
         return future
 
