@@ -11,6 +11,7 @@
     │   ├── AccessDeniedError             wrong or missing credentials (also a PermissionError)
     │   ├── TransientStoreError           worth retrying: timeouts, 5xx, connection resets
     │   ├── IntegrityError                content differs from its size or checksum
+    │   │   └── ChangedError              the object is no longer the version listed
     │   └── KeyRefusedError               no retry can store an object under this key
     │       ├── UnsafeKeyError            a key that would escape its destination, or too long
     │       └── KeyConflictError          another object is in the way (``a`` and ``a/b``)
@@ -93,6 +94,11 @@ class TransientStoreError(StoreError):
 
 class IntegrityError(StoreError):
     """What arrived differs from the size or checksum it should have."""
+
+
+class ChangedError(IntegrityError):
+    """The object was replaced after it was listed: its version (ETag, generation) is not the
+    one the listing pinned. Retrying cannot help; listing again can."""
 
 
 class KeyRefusedError(StoreError):

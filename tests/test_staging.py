@@ -3,25 +3,30 @@
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import re
 import subprocess
 import sys
 import threading
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import servers
 from fault_proxy import FaultProxy
 from helpers import Agent, wait_for
 
-from bt_agent.errors import UnsafeKeyError
+from bt_agent.errors import StagingError, UnsafeKeyError
+from bt_agent.log import AgentLog
+from bt_agent.settings import Environ
 from bt_agent.spec.models import WeightsSource
 from bt_agent.staging.cache import NodeCache, entry_id
 from bt_agent.staging.patterns import selected
-from bt_agent.staging.weights import plan_source
+from bt_agent.staging.weights import PlannedFile, SourcePlan, WeightsStager, plan_source
 from bt_agent.storage.base import Fetched, ObjectInfo, ObjectStore
 
 
@@ -56,6 +61,9 @@ def _seed_s3(server: servers.SeaweedFS, files: dict[str, bytes]) -> str:
             )
         )
     return f"s3://{bucket}/data"
+
+
+_KEYS = {"AWS_ACCESS_KEY_ID": servers.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": servers.SECRET_KEY}
 
 
 def _job(weights: list[dict[str, object]], command: str) -> dict[str, object]:
@@ -526,7 +534,7 @@ class _ListingStore(ObjectStore):
     def _read_range(self, key: str, start: int, length: int) -> bytes:
         raise AssertionError("the plan must not read")
 
-    def _download(self, key: str, target: Path, size: int | None) -> Fetched:
+    def _download(self, key: str, target: Path, expected: ObjectInfo | None) -> Fetched:
         raise AssertionError("the plan must not download")
 
 
@@ -568,3 +576,48 @@ def test_staging_from_s3_with_keys_in_the_environment_imports_no_botocore(
     mounted = agent.node_root / "app" / "model"
     assert {p.name: p.read_bytes() for p in mounted.iterdir()} == files
     assert not [m for m in modules if m.split(".")[0] in ("botocore", "boto3")], done.stderr
+
+
+class _ReplacedAfterThePlan(WeightsStager):
+    """Staging in which the source's objects are replaced (``replace``) once the plan is made
+    and said, before anything is fetched: a model uploaded again while a job starts."""
+
+    def __init__(self, replace: Callable[[], None], *args: Any) -> None:
+        super().__init__(*args)
+        self.replace = replace
+
+    def _say_plan(self, plan: SourcePlan) -> list[PlannedFile]:
+        misses = super()._say_plan(plan)
+        self.replace()
+        return misses
+
+
+@pytest.mark.parametrize("size", [1000, 20 * 1024 * 1024], ids=["batch", "ranges"])
+def test_a_source_replaced_while_staged_fails_and_mixes_nothing(
+    s3_server: servers.SeaweedFS, tmp_path: Path, size: int
+) -> None:
+    """Two files listed at one version, one of them replaced (other bytes, the same size) before
+    it is fetched: staging fails naming it, nothing is mounted, and the node cache holds no
+    entry for it under the version it was listed at; staged again, the new version comes."""
+    files = {"a.bin": b"a" * size, "b.bin": b"b" * size}
+    url = _seed_s3(s3_server, files)
+    bucket = url.removeprefix("s3://").split("/")[0]
+
+    def replace() -> None:
+        s3_server.client().put_object(Bucket=bucket, Key="data/b.bin", Body=b"c" * size)
+
+    environ = Environ({"AWS_ENDPOINT_URL": s3_server.endpoint, **_KEYS})
+    cache, log = NodeCache(tmp_path / "cache"), AgentLog(io.StringIO())
+    weights = [WeightsSource(source=url, mount_location="/app/model")]
+    mount = tmp_path / "node" / "app" / "model"
+
+    def stager(replace: Callable[[], None]) -> WeightsStager:
+        where = lambda location: tmp_path / "node" / location.lstrip("/")  # noqa: E731
+        return _ReplacedAfterThePlan(replace, cache, log, environ, {}, where)
+
+    with pytest.raises(StagingError, match=r"data/b\.bin changed after it was listed"):
+        stager(replace).stage(weights)
+    assert not mount.exists()
+    assert all(entry.path.read_bytes() != b"c" * size for entry in cache.entries())
+    stager(lambda: None).stage(weights)
+    assert {p.name: p.read_bytes() for p in mount.iterdir()} == {**files, "b.bin": b"c" * size}

@@ -25,6 +25,7 @@ from helpers import small_tmpfs
 
 from bt_agent.errors import (
     AccessDeniedError,
+    ChangedError,
     IntegrityError,
     KeyConflictError,
     NotFoundError,
@@ -33,7 +34,7 @@ from bt_agent.errors import (
 from bt_agent.settings import Environ
 from bt_agent.storage import ObjectStore, open_store
 from bt_agent.storage.azure import AzureStore
-from bt_agent.storage.base import Upload, Wanted
+from bt_agent.storage.base import ObjectInfo, Upload, Wanted
 from bt_agent.storage.engine import Proxies, Tuning
 from bt_agent.storage.file import SYNCFS_MIN_FILES, syncfs
 from bt_agent.storage.gcs import GCSStore
@@ -374,6 +375,55 @@ def test_ranged_reads(backend: Backend) -> None:
     for start, length in [(0, 10), (12_345, 1000), (299_990, 10), (299_990, 100), (5, 0)]:
         assert store.read_range(key, start, length) == data[start : start + length]
     assert store.read_bytes(key) == data
+
+
+@pytest.mark.parametrize("backend", WRITABLE, indirect=True)
+@pytest.mark.parametrize("size", [1000, 12 * MiB + 7], ids=["small", "multipart"])
+def test_an_object_replaced_since_its_listing_is_not_fetched(
+    backend: Backend, tmp_path: Path, size: int
+) -> None:
+    """Each object is fetched at the version its listing gave (ETag, generation, the file's
+    own): one replaced since by other content of the same size is a ChangedError naming it,
+    with nothing left at the destination, by a download (ranged, above the multipart size)
+    and by a batch alike; listed again, it comes."""
+    store, key = _one(backend, payload(size, seed=0))
+    (listed,) = store.list("dir/")
+    backend.seed_objects({key: payload(size, seed=1)})
+    target = tmp_path / "out" / "model.bin"
+    with pytest.raises(ChangedError, match=r"model\.bin changed after it was listed"):
+        store.download(key, target, listed)
+    told: list[Exception | None] = []
+    if store.in_batches(size):
+        wanted = Wanted(target, listed)
+        store.download_batch(iter([wanted]), lambda item, error: told.append(error))
+        assert [type(error) for error in told] == [ChangedError]
+    assert not list(target.parent.iterdir()), "nothing, partial or whole, at the destination"
+    store.download(key, target, store.list("dir/")[0])
+    assert target.read_bytes() == payload(size, seed=1)
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+def test_ranges_are_all_of_the_version_they_began_with(
+    s3_server: servers.SeaweedFS, tmp_path: Path, tls: bool
+) -> None:
+    """An object replaced while its ranges are fetched (here: just after the request that
+    found its version) fails with ChangedError: each range asks for that version
+    (``If-Match``), so no file is made of two versions' ranges."""
+    backend = _s3(s3_server, tls=tls)
+    store, key = _one(backend, payload(12 * MiB + 7, seed=0))
+    assert isinstance(store, S3Store)
+    found = store._stat
+
+    def then_replaced(stated: str) -> ObjectInfo:
+        info = found(stated)
+        backend.seed_objects({key: payload(12 * MiB + 7, seed=1)})
+        return info
+
+    store._stat = then_replaced  # type: ignore[method-assign]
+    target = tmp_path / "out" / "model.bin"
+    with pytest.raises(ChangedError, match="changed after it was listed"):
+        store.download(key, target, store.list("dir/")[0])
+    assert not list(target.parent.iterdir())
 
 
 @pytest.mark.parametrize("backend", ALL, indirect=True)

@@ -70,18 +70,22 @@ class CheckpointSource(ObjectStore):
             raise NotFoundError(f"{self.url} has no file {key!r}", self.uri(key))
         return self._files[key]
 
+    def _in_store(self, info: ObjectInfo) -> ObjectInfo:
+        """What the store holds under the file's key: the manifest's size and sha256 pin its
+        content (the version here names the content to the node cache, not the store's)."""
+        return dataclasses.replace(info, key=self._full(info.key), version=None)
+
     def _read_range(self, key: str, start: int, length: int) -> bytes:
         return self.store.read_range(self._full(key), start, length)
 
-    def _download(self, key: str, target: Path, size: int | None) -> Fetched:
+    def _download(self, key: str, target: Path, expected: ObjectInfo | None) -> Fetched:
         self.download(key, target)
         return Fetched(computed_sha256=self._stat(key).sha256)
 
     def download(self, key: str, destination: Path, expected: ObjectInfo | None = None) -> Path:
         """The store's download of the file, verified against the manifest's size and sha256."""
-        info = expected or self._stat(key)
         return self.store.download(
-            self._full(key), destination, dataclasses.replace(info, key=self._full(key))
+            self._full(key), destination, self._in_store(expected or self._stat(key))
         )
 
     def batch_max_size(self) -> int:
@@ -95,8 +99,7 @@ class CheckpointSource(ObjectStore):
         def inner() -> Iterator[Wanted]:
             for item in wanted:
                 handed[item.destination] = item
-                full = dataclasses.replace(item.expected, key=self._full(item.expected.key))
-                yield dataclasses.replace(item, expected=full)
+                yield dataclasses.replace(item, expected=self._in_store(item.expected))
 
         self.store.download_batch(
             inner(), lambda item, error: finished(handed.pop(item.destination), error)

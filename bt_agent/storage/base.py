@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
-from bt_agent.errors import IntegrityError, NotFoundError, StoreError
+from bt_agent.errors import ChangedError, IntegrityError, NotFoundError, StoreError
 from bt_agent.storage.keys import check_key, join_key
 from bt_agent.storage.retry import DEFAULT_POLICY, RetryPolicy, retry
 
@@ -49,11 +49,13 @@ class UploadResult:
 
 @dataclass(frozen=True)
 class Fetched:
-    """What a backend's download learned on the way: the sha256 the object claims (metadata)
-    and the one computed from the bytes written, when it computed one."""
+    """What a backend's download learned on the way: the sha256 the object claims (metadata),
+    the one computed from the bytes written, when it computed one, and the version (ETag,
+    generation) the bytes are of, where the backend knows it."""
 
     claimed_sha256: str | None = None
     computed_sha256: str | None = None
+    version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -157,10 +159,10 @@ class ObjectStore(ABC):
         return data
 
     @abstractmethod
-    def _download(self, key: str, target: Path, size: int | None) -> Fetched:
+    def _download(self, key: str, target: Path, expected: ObjectInfo | None) -> Fetched:
         """Write the whole object into ``target``, creating it or replacing what an earlier
-        attempt left there. ``size`` is the object's size when the caller knows it (from a
-        listing), else None."""
+        attempt left there. ``expected`` is what the caller knows of it (from a listing: its
+        size, and the version a backend that can should ask for), else None."""
 
     def _upload(self, path: Path, key: str) -> str:
         """Store the file's content, sending a checksum the service verifies where it can;
@@ -266,8 +268,7 @@ class ObjectStore(ABC):
             destination.parent.mkdir(parents=True, exist_ok=True)
         partial = partial_path(destination)
         try:
-            size = expected.size if expected is not None else None
-            fetched = retry(lambda: self._download(key, partial, size), self.policy)
+            fetched = retry(lambda: self._download(key, partial, expected), self.policy)
             self._verify(key, partial, expected, fetched)
             os.replace(partial, destination)
         except BaseException:
@@ -280,7 +281,7 @@ class ObjectStore(ABC):
             key,
             path.stat().st_size,
             expected,
-            fetched.claimed_sha256,
+            fetched,
             lambda: fetched.computed_sha256 or sha256_file(path),
         )
 
@@ -289,15 +290,17 @@ class ObjectStore(ABC):
         key: str,
         size: int,
         expected: ObjectInfo | None,
-        claimed_sha256: str | None,
+        fetched: Fetched,
         actual_sha256: Callable[[], str],
     ) -> None:
-        """The size the listing gave, and the sha256 it or the object's metadata gave."""
+        """The version and size the listing gave, and the sha256 it or the object's metadata
+        gave."""
+        self.check_version(key, expected, fetched.version)
         if expected is not None and size != expected.size:
             raise IntegrityError(
                 f"{self.uri(key)}: got {size} bytes, expected {expected.size}", self.uri(key)
             )
-        wanted = (expected.sha256 if expected else None) or claimed_sha256
+        wanted = (expected.sha256 if expected else None) or fetched.claimed_sha256
         if wanted is None:
             return
         actual = actual_sha256()
@@ -306,16 +309,29 @@ class ObjectStore(ABC):
                 f"{self.uri(key)}: sha256 {actual} does not match {wanted}", self.uri(key)
             )
 
-    def place(self, wanted: Wanted, body: bytes | memoryview, claimed_sha256: str | None) -> None:
+    def check_version(self, key: str, expected: ObjectInfo | None, found: str | None) -> None:
+        """:class:`ChangedError` where the store has ``found``, a version other than the one
+        listed (``expected``'s): the object was replaced since."""
+        pinned = expected.version if expected is not None else None
+        if pinned and found and found != pinned:
+            raise self.changed(key, pinned, found)
+
+    def changed(self, key: str, pinned: str = "", now: str = "") -> ChangedError:
+        """The error for ``key`` found at a version other than ``pinned``, the listed one."""
+        versions = f" (listed at version {pinned}, now {now})" if pinned and now else ""
+        return ChangedError(
+            f"{self.uri(key)} changed after it was listed{versions}: something is rewriting "
+            "the source; run again once it is complete",
+            self.uri(key),
+        )
+
+    def place(self, wanted: Wanted, body: bytes | memoryview, fetched: Fetched) -> None:
         """Put a whole object's ``body``, fetched by a batch, at its destination, verified
-        first, then written to a partial file renamed into place."""
+        first (``fetched``: what its answer claimed), then written to a partial file renamed
+        into place."""
         key = wanted.expected.key
         self._check(
-            key,
-            len(body),
-            wanted.expected,
-            claimed_sha256,
-            lambda: hashlib.sha256(body).hexdigest(),
+            key, len(body), wanted.expected, fetched, lambda: hashlib.sha256(body).hexdigest()
         )
         partial = partial_path(wanted.destination)
         try:

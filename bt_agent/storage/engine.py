@@ -50,13 +50,14 @@ from bt_agent.storage.keys import join_key, relative_key
 if TYPE_CHECKING:
     import asyncio
 
+    from obstore import GetOptions
     from obstore.store import ClientConfig, RetryConfig
 
 T = TypeVar("T")
 R = TypeVar("R")  # what the calls of an :class:`_InFlight` return
 A = TypeVar("A")  # what they are called with
-#: One object of a batch download: its body (or why there is none) and the sha256 it claims.
-_Fetched = tuple[Wanted, memoryview | Exception, str | None]
+#: One object of a batch download: its body (or why there is none) and what its answer said.
+_Fetched = tuple[Wanted, memoryview | Exception, Fetched]
 MiB = 1024 * 1024
 WRITE_PIECE = 64 * 1024  # a range read whole is written in pieces of this size
 MAX_PARTS = 10_000
@@ -276,6 +277,8 @@ class EngineStore(ObjectStore):
                 "bucket's policy",
                 uri,
             )
+        if isinstance(exc, engine.PreconditionError):  # If-Match: another version is there
+            return self.changed(key)
         if not isinstance(exc, engine.BaseError):
             return exc
         if _CORRUPT.search(text):
@@ -342,8 +345,8 @@ class EngineStore(ObjectStore):
             for item in page:
                 path = item["path"]
                 if path.startswith(under):
-                    etag = (item.get("e_tag") or "").strip('"')
-                    found.append(ObjectInfo(relative_key(self.prefix, path), item["size"], etag))
+                    key = relative_key(self.prefix, path)
+                    found.append(ObjectInfo(key, item["size"], _version(item)))
                 elif within_name and path > under and "/" not in path[names_from:]:
                     yield found
                     return  # past every name that starts with the prefix
@@ -372,14 +375,21 @@ class EngineStore(ObjectStore):
         )
         return bytes(data)
 
-    def _download(self, key: str, target: Path, size: int | None) -> Fetched:
+    def _download(self, key: str, target: Path, expected: ObjectInfo | None) -> Fetched:
         """One streamed GET for objects up to the multipart threshold (its answer carries the
-        metadata), ranged GETs in parallel above it."""
+        metadata), ranged GETs in parallel above it; each asks for the version listed where
+        there is one (``If-Match``), so another version there fails at once."""
         import obstore
 
-        if size is not None and size > self.tuning.multipart_threshold:
-            return self._download_ranges(key, target, self._stat(key))
-        result = self._engine_call(key, lambda engine: obstore.get(engine, self._key(key)))
+        pinned = expected.version if expected is not None else None
+        if expected is not None and expected.size > self.tuning.multipart_threshold:
+            info = self._stat(key)
+            self.check_version(key, expected, info.version)
+            return self._download_ranges(key, target, info)
+        options: GetOptions | None = {"if_match": pinned} if pinned else None
+        result = self._engine_call(
+            key, lambda engine: obstore.get(engine, self._key(key), options=options)
+        )
         info = _info(key, result.meta, result.attributes)
         if info.size > self.tuning.multipart_threshold:
             return self._download_ranges(key, target, info)
@@ -388,7 +398,7 @@ class EngineStore(ObjectStore):
             for chunk in self._chunks(key, result):
                 digest.update(chunk)
                 handle.write(chunk)
-        return Fetched(info.sha256, digest.hexdigest())
+        return Fetched(info.sha256, digest.hexdigest(), info.version)
 
     def _chunks(self, key: str, result: Any) -> Iterator[Any]:
         """The body of a GET as the connection hands it over, the engine's errors typed (the
@@ -407,24 +417,28 @@ class EngineStore(ObjectStore):
 
     def _download_ranges(self, key: str, target: Path, info: ObjectInfo) -> Fetched:
         """Ranges in parallel, each written at its offset: streamed on the range threads over
-        plain HTTP, read whole on the engine's async face over TLS."""
+        plain HTTP, read whole on the engine's async face over TLS. Each range is asked of the
+        version ``info`` names (``If-Match``), so all are of one."""
         if self.plain_http:
-            self._stream_ranges(key, target, info.size)
+            self._stream_ranges(key, target, info)
         else:
             part = self.tuning.part_size_for(info.size, self.tuning.tls_part_size)
             loop = self._event_loop()
-            loop.run(self._read_ranges(key, target, info.size, part, loop.room))
-        return Fetched(info.sha256, None)
+            loop.run(self._read_ranges(key, target, info, part, loop.room))
+        return Fetched(info.sha256, None, info.version)
 
-    def _stream_ranges(self, key: str, target: Path, size: int) -> None:
+    def _stream_ranges(self, key: str, target: Path, info: ObjectInfo) -> None:
         """Every range of ``key`` on the range threads, each written as it streams in."""
+        size = info.size
         part = self.tuning.part_size_for(size, self.tuning.part_size)
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, size)
             futures = [
                 self._pool("bt-ranges", self.tuning.concurrency).submit(
-                    functools.partial(self._fetch_range, key, fd, start, min(part, size - start))
+                    functools.partial(
+                        self._fetch_range, key, info, fd, start, min(part, size - start)
+                    )
                 )
                 for start in range(0, size, part)
             ]
@@ -440,16 +454,14 @@ class EngineStore(ObjectStore):
         finally:
             os.close(fd)
 
-    def _fetch_range(self, key: str, fd: int, start: int, length: int) -> None:
+    def _fetch_range(self, key: str, info: ObjectInfo, fd: int, start: int, length: int) -> None:
         """One range, written at its offset as it streams in, not a buffer of the range's size
         per request (fresh memory costs a page fault per 4 KiB)."""
         import obstore
 
+        options = _range_of(info, start, length)
         result = self._engine_call(
-            key,
-            lambda engine: obstore.get(
-                engine, self._key(key), options={"range": (start, start + length)}
-            ),
+            key, lambda engine: obstore.get(engine, self._key(key), options=options)
         )
         offset = start
         for chunk in self._chunks(key, result):
@@ -464,7 +476,7 @@ class EngineStore(ObjectStore):
         return TransientStoreError(f"{self.uri(key)}: short read at {start}", self.uri(key))
 
     async def _read_ranges(
-        self, key: str, target: Path, size: int, part: int, room: asyncio.Semaphore
+        self, key: str, target: Path, info: ObjectInfo, part: int, room: asyncio.Semaphore
     ) -> None:
         """Every range of ``key`` read whole, at most ``room`` at once over the store, each
         written at its offset on the loop's thread. After a failure no more ranges start, and
@@ -475,16 +487,16 @@ class EngineStore(ObjectStore):
         import obstore
 
         failed: list[Exception] = []
-        path = self._key(key)
+        path, size = self._key(key), info.size
 
         async def one(start: int, length: int) -> None:
             async with room:
                 if failed:
                     return
                 try:
-                    body = await obstore.get_range_async(
-                        self.engine, path, start=start, length=length
-                    )
+                    options = _range_of(info, start, length)
+                    result = await obstore.get_async(self.engine, path, options=options)
+                    body = await result.bytes_async()
                 except Exception as exc:
                     failed.append(self._error(exc, key))
                     return
@@ -605,8 +617,8 @@ class EngineStore(ObjectStore):
         def settle(future: Future[_Fetched]) -> bool:
             nonlocal failed, first
             try:
-                item, body, claimed = future.result()
-                outcome = body if isinstance(body, Exception) else self._placed(item, body, claimed)
+                item, body, said = future.result()
+                outcome = body if isinstance(body, Exception) else self._placed(item, body, said)
                 failed = failed or outcome is not None
                 finished(item, outcome)
             except BaseException as exc:
@@ -618,22 +630,23 @@ class EngineStore(ObjectStore):
             raise first
 
     def _fetch_whole(self, item: Wanted) -> _Fetched:
-        """One object of a batch read whole, with the sha256 it claims (or the typed error);
-        the body is the engine's buffer, not a copy of it."""
+        """One object of a batch read whole, with the sha256 it claims and its version (or
+        the typed error); the body is the engine's buffer, not a copy of it."""
         import obstore
 
         key = item.expected.key
         try:
             result = obstore.get(self.engine, self._key(key))
-            return item, memoryview(result.bytes()), result.attributes.get(SHA256_META)
+            said = Fetched(result.attributes.get(SHA256_META), None, _version(result.meta))
+            return item, memoryview(result.bytes()), said
         except Exception as exc:
-            return item, self._error(exc, key), None
+            return item, self._error(exc, key), Fetched()
 
-    def _placed(self, item: Wanted, body: memoryview, claimed: str | None) -> Exception | None:
+    def _placed(self, item: Wanted, body: memoryview, said: Fetched) -> Exception | None:
         """A fetched object placed at its destination: None, or why not (the file system's
         error, or the checksum's)."""
         try:
-            self.place(item, body, claimed)
+            self.place(item, body, said)
         except Exception as exc:
             return exc
         return None
@@ -856,12 +869,20 @@ def _write_at(fd: int, body: memoryview, offset: int) -> None:
 
 
 def _info(key: str, meta: Any, attributes: Any) -> ObjectInfo:
-    return ObjectInfo(
-        key,
-        int(meta["size"]),
-        (meta.get("e_tag") or "").strip('"'),
-        attributes.get(SHA256_META),
-    )
+    return ObjectInfo(key, int(meta["size"]), _version(meta), attributes.get(SHA256_META))
+
+
+def _version(meta: Any) -> str:
+    """The object's ETag, as listings give it (unquoted)."""
+    return str(meta.get("e_tag") or "").strip('"')
+
+
+def _range_of(info: ObjectInfo, start: int, length: int) -> GetOptions:
+    """The engine's options for ``length`` bytes at ``start`` of the version ``info`` names."""
+    options: GetOptions = {"range": (start, start + length)}
+    if info.version:
+        options["if_match"] = info.version
+    return options
 
 
 def _first_line(text: str) -> str:

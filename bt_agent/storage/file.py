@@ -74,7 +74,7 @@ class FileStore(ObjectStore):
     @staticmethod
     def _info(key: str, path: Path) -> ObjectInfo:
         stat = path.stat()
-        return ObjectInfo(key, stat.st_size, f"{stat.st_mtime_ns}-{stat.st_size}")
+        return ObjectInfo(key, stat.st_size, _version(stat))
 
     def _stat(self, key: str) -> ObjectInfo:
         path = self.path(key)
@@ -99,12 +99,25 @@ class FileStore(ObjectStore):
         except OSError as exc:
             raise self._error(exc, key) from exc
 
-    def _download(self, key: str, target: Path, size: int | None) -> Fetched:
+    def _read_as_of(self, key: str) -> tuple[bytes, Fetched]:
+        """The file's bytes, and the version of the file they were read from."""
         try:
-            shutil.copyfile(self.path(key), target)
+            with open(self.path(key), "rb") as handle:
+                return handle.read(), Fetched(version=_version(os.fstat(handle.fileno())))
         except OSError as exc:
             raise self._error(exc, key) from exc
-        return Fetched()
+
+    def _download(self, key: str, target: Path, expected: ObjectInfo | None) -> Fetched:
+        """The file copied by the kernel. Its version is read before the copy (another than
+        the one listed fails at once) and after it, for the caller's check: files are replaced
+        by renames, so one version at both ends is the file that was copied."""
+        path = self.path(key)
+        try:
+            self.check_version(key, expected, self._info(key, path).version)
+            shutil.copyfile(path, target)
+            return Fetched(version=self._info(key, path).version)
+        except OSError as exc:
+            raise self._error(exc, key) from exc
 
     def _upload(self, path: Path, key: str) -> str:
         """Copied by the kernel (``shutil.copyfile``), then hashed from the copy: the sha256 is
@@ -235,7 +248,7 @@ class FileStore(ObjectStore):
         waiting for each other on files this small)."""
         for item in wanted:
             try:
-                self.place(item, self._read(item.expected.key), None)
+                self.place(item, *self._read_as_of(item.expected.key))
             except Exception as exc:
                 finished(item, exc)
                 return
@@ -292,6 +305,12 @@ class FileStore(ObjectStore):
 
 
 @functools.cache
+def _version(stat: os.stat_result) -> str:
+    """A file's version: another file renamed into its place has another (its inode differs
+    even where the clock gave both the same time)."""
+    return f"{stat.st_ino}-{stat.st_mtime_ns}-{stat.st_size}"
+
+
 def _syncfs_call() -> Callable[[int], int] | None:
     found: Callable[[int], int] | None = getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)
     return found

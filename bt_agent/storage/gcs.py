@@ -153,13 +153,15 @@ class GCSStore(ObjectStore):
         except Exception as exc:
             raise self._error(exc, key) from exc
 
-    def _download(self, key: str, target: Path, size: int | None) -> Fetched:
+    def _download(self, key: str, target: Path, expected: ObjectInfo | None) -> Fetched:
+        """The object's current generation, which must be the one listed, read whole."""
         blob = self._blob(key)
+        self.check_version(key, expected, str(blob.generation))
         try:
             blob.download_to_filename(str(target), checksum="crc32c", retry=None)
         except Exception as exc:
             raise self._error(exc, key) from exc
-        return Fetched((blob.metadata or {}).get("sha256"), None)
+        return Fetched((blob.metadata or {}).get("sha256"), None, str(blob.generation))
 
     def _upload(self, path: Path, key: str) -> str:
         blob = self.bucket.blob(self._key(key), chunk_size=self.chunk_size)

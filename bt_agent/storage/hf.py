@@ -159,6 +159,6 @@ class HFStore(ObjectStore):
         url, headers = self._file_url(key)
         return http.read_range(url, start, length, headers, uri=self.uri(key))
 
-    def _download(self, key: str, target: Path, size: int | None) -> Fetched:
+    def _download(self, key: str, target: Path, expected: ObjectInfo | None) -> Fetched:
         url, headers = self._file_url(key)
         return Fetched(None, http.download(url, target, headers, uri=self.uri(key)))

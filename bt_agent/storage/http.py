@@ -107,6 +107,6 @@ class HTTPStore(ObjectStore):
         self._only(key)
         return read_range(self.url, start, length)
 
-    def _download(self, key: str, target: Path, size: int | None) -> Fetched:
+    def _download(self, key: str, target: Path, expected: ObjectInfo | None) -> Fetched:
         self._only(key)
         return Fetched(None, download(self.url, target))
