@@ -756,64 +756,82 @@ class _InFlight(Generic[R]):
 
 
 class _Pace:
-    """How many GETs a batch keeps in flight. From a store far away each small object waits on
-    its round trip, and more in flight fetch them faster; from a near one this machine is the
+    """How many calls a batch keeps in flight. From a store far away each small object waits on
+    its round trip, and more in flight move them sooner; from a near one this machine is the
     bound, and each further connection only costs its TLS handshake. So a batch starts with
     ``least`` and doubles, up to ``most``, for as long as the last doubling raised the rate at
-    which bodies arrive by a quarter, each rate measured over twice as many bodies as were
-    allowed in flight."""
+    which calls end by a quarter (the first is always tried). Each rate is measured over twice
+    as many calls as are allowed in flight, once the first that many have ended: those waited
+    on the connections their level added being opened."""
 
     def __init__(self, least: int, most: int) -> None:
         self.limit, self.most = least, max(least, most)
         self._rate = 0.0
-        self._count = 0
-        self._since = time.monotonic()
+        self._level()
+
+    def _level(self) -> None:
+        """A new limit: its first ``limit`` calls to end are not counted."""
+        self._count, self._since = -self.limit, time.monotonic()
 
     def arrived(self) -> None:
-        """One more body has come."""
-        self._count += 1
-        if self.limit >= self.most or self._count < 2 * self.limit:
+        """One more call has ended."""
+        if self.limit >= self.most:
             return
-        now = time.monotonic()
-        rate = self._count / max(now - self._since, 1e-9)
+        self._count += 1
+        if self._count == 0:
+            self._since = time.monotonic()
+        if self._count < 2 * self.limit:
+            return
+        rate = self._count / max(time.monotonic() - self._since, 1e-9)
         if rate >= 1.25 * self._rate:
             self.limit = min(self.most, 2 * self.limit)
         else:
-            self.most = self.limit  # more did not fetch faster: stay
-        self._rate, self._count, self._since = rate, 0, now
+            self.most = self.limit  # more did not go faster: stay
+        self._rate = rate
+        self._level()
 
 
 class _DaemonPool:
-    """Threads for the ranges of downloads. Daemons, unlike an executor's (which the interpreter
-    joins at exit): one waiting on an unreachable store must not keep a stopped agent alive."""
+    """Threads for the calls of a store, up to ``size``, each started when a call finds none
+    idle (a batch that keeps 32 in flight starts 32, not ``size``). Daemons, unlike an
+    executor's (which the interpreter joins at exit): one waiting on an unreachable store must
+    not keep a stopped agent alive."""
 
     def __init__(self, size: int, name: str) -> None:
-        self._size = size
+        self._size, self._name = size, name
+        self._started = 0
+        self._idle = threading.Semaphore(0)  # released by each thread done with a call
+        self._lock = threading.Lock()
         self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = (
             queue.SimpleQueue()
         )
-        for index in range(size):
-            threading.Thread(target=self._work, name=f"{name}-{index}", daemon=True).start()
 
     def submit(self, call: Callable[[], T]) -> Future[T]:
         future: Future[T] = Future()
         self._jobs.put((future, call))
+        if not self._idle.acquire(blocking=False):
+            with self._lock:
+                if self._started < self._size:
+                    name = f"{self._name}-{self._started}"
+                    threading.Thread(target=self._work, name=name, daemon=True).start()
+                    self._started += 1
         return future
 
     def shutdown(self) -> None:
         """The threads end once the work already submitted is done (or cancelled)."""
-        for _ in range(self._size):
-            self._jobs.put(None)
+        with self._lock:
+            for _ in range(self._started):
+                self._jobs.put(None)
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
             future, call = job
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(call())
-            except BaseException as exc:  # the caller's to raise, from future.result()
-                future.set_exception(exc)
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(call())
+                except BaseException as exc:  # the caller's to raise, from future.result()
+                    future.set_exception(exc)
+            self._idle.release()
 
 
 class _DaemonLoop:
