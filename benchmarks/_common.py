@@ -14,12 +14,23 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
+AGENT = Path(__file__).resolve().parents[1] / "bt_agent"
 
 
 @dataclass(frozen=True)
 class Sample:
     seconds: float
     returncode: int
+
+
+def compile_agent() -> None:
+    """Write the agent's bytecode, as an installed package has it (pip compiles what it
+    installs). Run from a checkout with ``PYTHONDONTWRITEBYTECODE`` set, every process would
+    otherwise compile each module changed since its bytecode was written, and the runs would
+    measure the compiler."""
+    import compileall
+
+    compileall.compile_dir(AGENT, quiet=1)
 
 
 def run_measured(argv: Sequence[str], env: dict[str, str] | None = None) -> Sample:

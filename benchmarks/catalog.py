@@ -24,7 +24,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from _common import table, write_json
+from _common import compile_agent, table, write_json
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
@@ -170,6 +170,7 @@ def main() -> int:
     parser.add_argument("--checkpoints", type=int, default=5, help="commits per job")
     parser.add_argument("--latency-ms", type=float, default=20.0)
     args = parser.parse_args()
+    compile_agent()
     with tempfile.TemporaryDirectory(prefix="bt-catalog-", dir=os.environ.get("BENCH_DIR")) as t:
         server = servers.seaweedfs(Path(t) / "server")
         try:

@@ -52,7 +52,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from _common import table, vm_hwm_mib, write_json, write_tree
+from _common import compile_agent, table, vm_hwm_mib, write_json, write_tree
 
 REPO = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
@@ -374,6 +374,7 @@ def main() -> int:
     parser.add_argument("--width", type=int, help="the MLP's width (default 1024; 8192 on cuda)")
     parser.add_argument("--batch", type=int, help="rows per step (default 64; 1024 on cuda)")
     args = parser.parse_args()
+    compile_agent()
     gpu = args.device != "cpu"
     loop_args = [
         *("--device", args.device),

