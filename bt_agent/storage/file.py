@@ -304,13 +304,13 @@ class FileStore(ObjectStore):
         return digest
 
 
-@functools.cache
 def _version(stat: os.stat_result) -> str:
     """A file's version: another file renamed into its place has another (its inode differs
     even where the clock gave both the same time)."""
     return f"{stat.st_ino}-{stat.st_mtime_ns}-{stat.st_size}"
 
 
+@functools.cache
 def _syncfs_call() -> Callable[[int], int] | None:
     found: Callable[[int], int] | None = getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)
     return found
