@@ -16,7 +16,7 @@ from fault_proxy import FaultProxy
 
 from bt_agent.errors import IntegrityError, TransientStoreError
 from bt_agent.settings import Environ
-from bt_agent.storage import open_store
+from bt_agent.storage import engine, open_store
 from bt_agent.storage.base import Upload, Wanted
 from bt_agent.storage.engine import Tuning
 from bt_agent.storage.retry import RetryPolicy, retry
@@ -272,6 +272,31 @@ def test_a_batch_keeps_as_many_gets_waiting_as_fetch_faster(
         assert (tmp_path / "small-007").read_bytes() == bytes([7]) * size
     finally:
         proxy.close()
+
+
+@pytest.mark.parametrize(
+    ("doubled", "most"), [(1.0, 64), (2.0, 128)], ids=["near-store", "far-store"]
+)
+def test_a_level_is_judged_once_its_connections_are_open(doubled: float, most: int) -> None:
+    """Each level's first calls wait on the connections it opens (50 ms of handshakes here, and
+    30 ms more for the process's first: its TLS library seeds its random generator), then calls
+    end at a steady rate. A level's rate is taken after those, so a doubling that keeps the
+    steady rate (a near store: this machine is the bound) is not worth a second, and one that
+    doubles it (a far store) is. (Counting the opening in the rate made the first level look
+    slow and every batch go to 128.) The clock is a fake one: only the pace's arithmetic is
+    under test here; the tests above run it against a real proxy."""
+    now = [0.0]
+    pace = engine._Pace(32, 128, clock=lambda: now[0])
+    level, since_change = pace.limit, 0
+    for index in range(2000):
+        rate = 1000.0 * doubled ** (level // 32 - 1)  # calls a second once connected
+        now[0] += 1 / rate + (0.050 / level if since_change < level else 0.0)
+        now[0] += 0.030 if index == 0 else 0.0
+        pace.arrived()
+        since_change += 1
+        if pace.limit != level:
+            level, since_change = pace.limit, 0
+    assert (pace.limit, pace.most) == (most, most)
 
 
 def test_an_upload_stream_keeps_as_many_puts_waiting_as_go_faster(

@@ -764,14 +764,15 @@ class _Pace:
     as many calls as are allowed in flight, once the first that many have ended: those waited
     on the connections their level added being opened."""
 
-    def __init__(self, least: int, most: int) -> None:
+    def __init__(self, least: int, most: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.limit, self.most = least, max(least, most)
         self._rate = 0.0
+        self._clock = clock
         self._level()
 
     def _level(self) -> None:
         """A new limit: its first ``limit`` calls to end are not counted."""
-        self._count, self._since = -self.limit, time.monotonic()
+        self._count, self._since = -self.limit, self._clock()
 
     def arrived(self) -> None:
         """One more call has ended."""
@@ -779,10 +780,10 @@ class _Pace:
             return
         self._count += 1
         if self._count == 0:
-            self._since = time.monotonic()
+            self._since = self._clock()
         if self._count < 2 * self.limit:
             return
-        rate = self._count / max(time.monotonic() - self._since, 1e-9)
+        rate = self._count / max(self._clock() - self._since, 1e-9)
         if rate >= 1.25 * self._rate:
             self.limit = min(self.most, 2 * self.limit)
         else:
