@@ -386,7 +386,7 @@ class EngineStore(ObjectStore):
             info = self._stat(key)
             self.check_version(key, expected, info.version)
             return self._download_ranges(key, target, info)
-        options: GetOptions | None = {"if_match": pinned} if pinned else None
+        options: GetOptions | None = {"if_match": _entity_tag(pinned)} if pinned else None
         result = self._engine_call(
             key, lambda engine: obstore.get(engine, self._key(key), options=options)
         )
@@ -896,11 +896,17 @@ def _version(meta: Any) -> str:
     return str(meta.get("e_tag") or "").strip('"')
 
 
+def _entity_tag(version: str) -> str:
+    """A version as ``If-Match`` quotes it (the services answer ETags quoted, and listings give
+    them unquoted here)."""
+    return f'"{version}"'
+
+
 def _range_of(info: ObjectInfo, start: int, length: int) -> GetOptions:
     """The engine's options for ``length`` bytes at ``start`` of the version ``info`` names."""
     options: GetOptions = {"range": (start, start + length)}
     if info.version:
-        options["if_match"] = info.version
+        options["if_match"] = _entity_tag(info.version)
     return options
 
 
