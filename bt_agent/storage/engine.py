@@ -381,12 +381,11 @@ class EngineStore(ObjectStore):
         there is one (``If-Match``), so another version there fails at once."""
         import obstore
 
-        pinned = expected.version if expected is not None else None
         if expected is not None and expected.size > self.tuning.multipart_threshold:
             info = self._stat(key)
             self.check_version(key, expected, info.version)
             return self._download_ranges(key, target, info)
-        options: GetOptions | None = {"if_match": _entity_tag(pinned)} if pinned else None
+        options = _get_options(expected.version if expected is not None else None)
         result = self._engine_call(
             key, lambda engine: obstore.get(engine, self._key(key), options=options)
         )
@@ -459,7 +458,7 @@ class EngineStore(ObjectStore):
         per request (fresh memory costs a page fault per 4 KiB)."""
         import obstore
 
-        options = _range_of(info, start, length)
+        options = _get_options(info.version, start, length)
         result = self._engine_call(
             key, lambda engine: obstore.get(engine, self._key(key), options=options)
         )
@@ -494,7 +493,7 @@ class EngineStore(ObjectStore):
                 if failed:
                     return
                 try:
-                    options = _range_of(info, start, length)
+                    options = _get_options(info.version, start, length)
                     result = await obstore.get_async(self.engine, path, options=options)
                     body = await result.bytes_async()
                 except Exception as exc:
@@ -630,13 +629,14 @@ class EngineStore(ObjectStore):
             raise first
 
     def _fetch_whole(self, item: Wanted) -> _Fetched:
-        """One object of a batch read whole, with the sha256 it claims and its version (or
-        the typed error); the body is the engine's buffer, not a copy of it."""
+        """One object of a batch read whole at the version listed, with the sha256 it claims
+        and its version (or the typed error); the body is the engine's buffer, not a copy."""
         import obstore
 
         key = item.expected.key
         try:
-            result = obstore.get(self.engine, self._key(key))
+            options = _get_options(item.expected.version)
+            result = obstore.get(self.engine, self._key(key), options=options)
             said = Fetched(result.attributes.get(SHA256_META), None, _version(result.meta))
             return item, memoryview(result.bytes()), said
         except Exception as exc:
@@ -896,17 +896,15 @@ def _version(meta: Any) -> str:
     return str(meta.get("e_tag") or "").strip('"')
 
 
-def _entity_tag(version: str) -> str:
-    """A version as ``If-Match`` quotes it (the services answer ETags quoted, and listings give
-    them unquoted here)."""
-    return f'"{version}"'
-
-
-def _range_of(info: ObjectInfo, start: int, length: int) -> GetOptions:
-    """The engine's options for ``length`` bytes at ``start`` of the version ``info`` names."""
-    options: GetOptions = {"range": (start, start + length)}
-    if info.version:
-        options["if_match"] = _entity_tag(info.version)
+def _get_options(version: str | None, start: int = 0, length: int | None = None) -> GetOptions:
+    """The engine's options for a GET of the object at ``version`` (``If-Match``, the ETag
+    quoted as the services answer it; listings give it unquoted here), of ``length`` bytes at
+    ``start`` where a length is given, else whole."""
+    options: GetOptions = {}
+    if version:
+        options["if_match"] = f'"{version}"'
+    if length is not None:
+        options["range"] = (start, start + length)
     return options
 
 
