@@ -16,9 +16,10 @@ from fault_proxy import FaultProxy
 
 from bt_agent.errors import IntegrityError, TransientStoreError
 from bt_agent.settings import Environ
-from bt_agent.storage import engine, open_store
+from bt_agent.storage import open_store
 from bt_agent.storage.base import Upload, Wanted
 from bt_agent.storage.engine import Tuning
+from bt_agent.storage.flight import Pace
 from bt_agent.storage.retry import RetryPolicy, retry
 from bt_agent.storage.s3 import S3Store
 
@@ -286,7 +287,7 @@ def test_a_level_is_judged_once_its_connections_are_open(doubled: float, most: i
     slow and every batch go to 128.) The clock is a fake one: only the pace's arithmetic is
     under test here; the tests above run it against a real proxy."""
     now = [0.0]
-    pace = engine._Pace(32, 128, clock=lambda: now[0])
+    pace = Pace(32, 128, clock=lambda: now[0])
     level, since_change = pace.limit, 0
     for index in range(2000):
         rate = 1000.0 * doubled ** (level // 32 - 1)  # calls a second once connected

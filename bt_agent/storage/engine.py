@@ -18,17 +18,15 @@ import functools
 import hashlib
 import math
 import os
-import queue
 import re
 import threading
-import time
 from abc import abstractmethod
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from bt_agent.errors import (
     AccessDeniedError,
@@ -45,6 +43,7 @@ from bt_agent.storage.base import (
     U,
     Wanted,
 )
+from bt_agent.storage.flight import DaemonLoop, DaemonPool, InFlight, Pace
 from bt_agent.storage.keys import join_key, relative_key
 
 if TYPE_CHECKING:
@@ -53,9 +52,6 @@ if TYPE_CHECKING:
     from obstore import GetOptions
     from obstore.store import ClientConfig, RetryConfig
 
-T = TypeVar("T")
-R = TypeVar("R")  # what the calls of an :class:`_InFlight` return
-A = TypeVar("A")  # what they are called with
 #: One object of a batch download: its body (or why there is none) and what its answer said.
 _Fetched = tuple[Wanted, memoryview | Exception, Fetched]
 MiB = 1024 * 1024
@@ -94,7 +90,7 @@ class Tuning:
     than the decryption. Those hold ``tls_ranges x tls_part_size`` bytes at most per store.
 
     Small objects go many at once: a store far away makes each request wait on its round
-    trip, not on bandwidth, so the number in flight sets the pace (:class:`_Pace`). The bodies
+    trip, not on bandwidth, so the number in flight sets the pace (:class:`Pace`). The bodies
     a batch or a stream holds (in flight, or fetched and not yet placed) stay within
     ``batch_bytes``."""
 
@@ -159,8 +155,8 @@ class EngineStore(ObjectStore):
         self.tuning = tuning or Tuning()
         self._engine: Any = None
         self._lock = threading.Lock()
-        self._pools: dict[str, _DaemonPool] = {}  # by name: ranges, batches
-        self._loop: _DaemonLoop | None = None  # the engine's async face: ranges over TLS
+        self._pools: dict[str, DaemonPool] = {}  # by name: ranges, batches
+        self._loop: DaemonLoop | None = None  # the engine's async face: ranges over TLS
         self._multipart = threading.BoundedSemaphore(self.tuning.multipart_uploads)
 
     @abstractmethod
@@ -230,25 +226,25 @@ class EngineStore(ObjectStore):
             return []
         return [tid for tid in native if tid not in python]
 
-    def _pool(self, name: str, size: int) -> _DaemonPool:
+    def _pool(self, name: str, size: int) -> DaemonPool:
         """The store's pool of ``size`` threads called ``name``, started at first use."""
         with self._lock:
             if name not in self._pools:
-                self._pools[name] = _DaemonPool(size, name)
+                self._pools[name] = DaemonPool(size, name)
             return self._pools[name]
 
-    def _flight(self, name: str, least: int, most: int) -> _InFlight[Any]:
+    def _flight(self, name: str, least: int, most: int) -> InFlight[Any]:
         """Calls on the store's pool ``name``, from ``least`` up to ``most`` at once as
-        :class:`_Pace` finds worth it, their objects within ``batch_bytes``."""
+        :class:`Pace` finds worth it, their objects within ``batch_bytes``."""
         tuning = self.tuning
         pool = self._pool(name, most)
-        return _InFlight(pool, _Pace(least, most), tuning.batch_bytes, tuning.batch_max_size)
+        return InFlight(pool, Pace(least, most), tuning.batch_bytes, tuning.batch_max_size)
 
-    def _event_loop(self) -> _DaemonLoop:
+    def _event_loop(self) -> DaemonLoop:
         """The store's event loop, on a thread of its own, started at first use."""
         with self._lock:
             if self._loop is None:
-                self._loop = _DaemonLoop("bt-tls-ranges", self.tuning.tls_ranges)
+                self._loop = DaemonLoop("bt-tls-ranges", self.tuning.tls_ranges)
             return self._loop
 
     def _key(self, key: str) -> str:
@@ -599,7 +595,7 @@ class EngineStore(ObjectStore):
         return self.tuning.batch_max_size
 
     def download_batch(self, wanted: Iterator[Wanted], finished: Finished) -> None:
-        """GETs many at once on the fetch threads (as many as :class:`_Pace` finds worth it),
+        """GETs many at once on the fetch threads (as many as :class:`Pace` finds worth it),
         each object read whole, while the bodies held stay within ``batch_bytes``; the bodies
         are placed from the caller's thread, one after another (threads that create files in
         one directory at once wait on its lock, and on each other, for longer than the files
@@ -607,7 +603,7 @@ class EngineStore(ObjectStore):
         fetches the rest one by one). Returns once no GET of the batch is in flight; an error
         of taking an object or of ``finished`` is raised then."""
         tuning = self.tuning
-        flight: _InFlight[_Fetched] = self._flight(
+        flight: InFlight[_Fetched] = self._flight(
             "bt-fetch", tuning.batch_gets_from, tuning.batch_gets
         )
         failed = False
@@ -657,15 +653,13 @@ class EngineStore(ObjectStore):
         finished: Callable[[U, str | Exception], None],
     ) -> None:
         """Each file read whole and stored by one PUT on the batch threads, as many at once as
-        :class:`_Pace` finds worth it, the files in flight within ``batch_bytes``; files are
+        :class:`Pace` finds worth it, the files in flight within ``batch_bytes``; files are
         taken on the caller's thread, each once there is room for it, and none once a call of
         ``finished`` has failed. Returns when every PUT is done, so no thread of the stream is
         inside the engine afterwards (an interpreter that ends then must not find one there);
         the first error of ``finished``, or of taking a file, is raised then."""
         tuning = self.tuning
-        flight: _InFlight[None] = self._flight(
-            "bt-batch", tuning.batch_puts_from, tuning.batch_puts
-        )
+        flight: InFlight[None] = self._flight("bt-batch", tuning.batch_puts_from, tuning.batch_puts)
         first: BaseException | None = None
 
         def put(item: U) -> None:
@@ -696,178 +690,6 @@ class EngineStore(ObjectStore):
         except Exception as exc:
             return exc
         return digest
-
-
-class _InFlight(Generic[R]):
-    """Calls on ``pool``, as many at once as ``pace`` allows while what their objects hold stays
-    within ``budget`` bytes (room for one more is room for one as large as ``largest``), each
-    taken back as it ends."""
-
-    def __init__(self, pool: _DaemonPool, pace: _Pace, budget: int, largest: int) -> None:
-        self._count = 0  # calls started and not yet taken back
-        self._pool, self._pace = pool, pace
-        self._budget, self._largest = budget, largest
-        self._held = 0
-        self._ended: queue.SimpleQueue[tuple[Future[R], int]] = queue.SimpleQueue()
-
-    def drive(
-        self,
-        items: Iterator[A],
-        call: Callable[[A], R],
-        size: Callable[[A], int],
-        settle: Callable[[Future[R]], bool],
-    ) -> None:
-        """``call`` on each of ``items``, each taken once there is room for it (its object of
-        ``size(item)`` bytes); ``settle`` told of each call as it ends, on this thread (False:
-        take no more). Returns once no call is in flight."""
-        going = True
-        try:
-            while going:
-                if not self._room():
-                    going = settle(self._next_ended())
-                elif (item := next(items, None)) is not None:
-                    self._start(functools.partial(call, item), size(item))
-                else:
-                    break
-        finally:
-            while self._count:
-                settle(self._next_ended())
-
-    def _room(self) -> bool:
-        """Whether one more call may start."""
-        fits = self._held + self._largest <= self._budget
-        return self._count == 0 or (self._count < self._pace.limit and fits)
-
-    def _start(self, call: Callable[[], R], size: int) -> None:
-        """``call`` on the pool, its object of ``size`` bytes."""
-        future = self._pool.submit(call)
-        future.add_done_callback(functools.partial(self._end, size))
-        self._count, self._held = self._count + 1, self._held + size
-
-    def _next_ended(self) -> Future[R]:
-        """The next call to end (waiting for one), taken back."""
-        future, size = self._ended.get()
-        self._count, self._held = self._count - 1, self._held - size
-        self._pace.arrived()
-        return future
-
-    def _end(self, size: int, future: Future[R]) -> None:
-        self._ended.put((future, size))
-
-
-class _Pace:
-    """How many calls a batch keeps in flight. From a store far away each small object waits on
-    its round trip, and more in flight move them sooner; from a near one this machine is the
-    bound, and each further connection only costs its TLS handshake. So a batch starts with
-    ``least`` and doubles, up to ``most``, for as long as the last doubling raised the rate at
-    which calls end by a quarter (the first is always tried). Each rate is measured over twice
-    as many calls as are allowed in flight, once the first that many have ended: those waited
-    on the connections their level added being opened."""
-
-    def __init__(self, least: int, most: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.limit, self.most = least, max(least, most)
-        self._rate = 0.0
-        self._clock = clock
-        self._level()
-
-    def _level(self) -> None:
-        """A new limit: its first ``limit`` calls to end are not counted."""
-        self._count, self._since = -self.limit, self._clock()
-
-    def arrived(self) -> None:
-        """One more call has ended."""
-        if self.limit >= self.most:
-            return
-        self._count += 1
-        if self._count == 0:
-            self._since = self._clock()
-        if self._count < 2 * self.limit:
-            return
-        rate = self._count / max(self._clock() - self._since, 1e-9)
-        if rate >= 1.25 * self._rate:
-            self.limit = min(self.most, 2 * self.limit)
-        else:
-            self.most = self.limit  # more did not go faster: stay
-        self._rate = rate
-        self._level()
-
-
-class _DaemonPool:
-    """Threads for the calls of a store, up to ``size``, each started when a call finds none
-    idle (a batch that keeps 32 in flight starts 32, not ``size``). Daemons, unlike an
-    executor's (which the interpreter joins at exit): one waiting on an unreachable store must
-    not keep a stopped agent alive."""
-
-    def __init__(self, size: int, name: str) -> None:
-        self._size, self._name = size, name
-        self._started = 0
-        self._idle = threading.Semaphore(0)  # released by each thread done with a call
-        self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = (
-            queue.SimpleQueue()
-        )
-
-    def submit(self, call: Callable[[], T]) -> Future[T]:
-        future: Future[T] = Future()
-        self._jobs.put((future, call))
-        if not self._idle.acquire(blocking=False):
-            with self._lock:
-                if self._started < self._size:
-                    name = f"{self._name}-{self._started}"
-                    threading.Thread(target=self._work, name=name, daemon=True).start()
-                    self._started += 1
-        return future
-
-    def shutdown(self) -> None:
-        """The threads end once the work already submitted is done (or cancelled)."""
-        with self._lock:
-            for _ in range(self._started):
-                self._jobs.put(None)
-
-    def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            future, call = job
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(call())
-                except BaseException as exc:  # the caller's to raise, from future.result()
-                    future.set_exception(exc)
-            self._idle.release()
-
-
-class _DaemonLoop:
-    """An event loop on a daemon thread (as the range threads are), for the engine's async
-    face, with the store's ``room`` for ranges read whole."""
-
-    def __init__(self, name: str, room: int) -> None:
-        import asyncio
-
-        self._loop = asyncio.new_event_loop()
-        self.room = asyncio.Semaphore(room)
-        threading.Thread(target=self._work, name=name, daemon=True).start()
-
-    def run(self, work: Coroutine[Any, Any, T]) -> T:
-        """``work`` run on the loop; its result, once it is done."""
-        import asyncio
-
-        return asyncio.run_coroutine_threadsafe(work, self._loop).result()
-
-    def shutdown(self) -> None:
-        """The loop stops once the work already on it is done, and is closed."""
-        import asyncio
-
-        async def once_idle() -> None:
-            others = asyncio.all_tasks() - {asyncio.current_task()}
-            await asyncio.gather(*others, return_exceptions=True)
-            self._loop.stop()
-
-        asyncio.run_coroutine_threadsafe(once_idle(), self._loop)
-
-    def _work(self) -> None:
-        try:
-            self._loop.run_forever()
-        finally:
-            self._loop.close()
 
 
 def _size(path: Path) -> int:

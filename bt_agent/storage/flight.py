@@ -1,0 +1,191 @@
+"""Calls in flight on threads of a store's own: how many at once (:class:`Pace`, which finds
+how many are worth it), within a budget of bytes held (:class:`InFlight`), on daemon threads
+(:class:`DaemonPool`) or a daemon thread's event loop (:class:`DaemonLoop`) that a stopped agent
+never waits for. The engine's stores (:mod:`bt_agent.storage.engine`) run their batches, upload
+streams and ranges on them."""
+
+from __future__ import annotations
+
+import functools
+import queue
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import Future
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")  # what the calls of an :class:`InFlight` return
+A = TypeVar("A")  # what they are called with
+
+
+class InFlight(Generic[R]):
+    """Calls on ``pool``, as many at once as ``pace`` allows while what their objects hold stays
+    within ``budget`` bytes (room for one more is room for one as large as ``largest``), each
+    taken back as it ends."""
+
+    def __init__(self, pool: DaemonPool, pace: Pace, budget: int, largest: int) -> None:
+        self._count = 0  # calls started and not yet taken back
+        self._pool, self._pace = pool, pace
+        self._budget, self._largest = budget, largest
+        self._held = 0
+        self._ended: queue.SimpleQueue[tuple[Future[R], int]] = queue.SimpleQueue()
+
+    def drive(
+        self,
+        items: Iterator[A],
+        call: Callable[[A], R],
+        size: Callable[[A], int],
+        settle: Callable[[Future[R]], bool],
+    ) -> None:
+        """``call`` on each of ``items``, each taken once there is room for it (its object of
+        ``size(item)`` bytes); ``settle`` told of each call as it ends, on this thread (False:
+        take no more). Returns once no call is in flight."""
+        going = True
+        try:
+            while going:
+                if not self._room():
+                    going = settle(self._next_ended())
+                elif (item := next(items, None)) is not None:
+                    self._start(functools.partial(call, item), size(item))
+                else:
+                    break
+        finally:
+            while self._count:
+                settle(self._next_ended())
+
+    def _room(self) -> bool:
+        """Whether one more call may start."""
+        fits = self._held + self._largest <= self._budget
+        return self._count == 0 or (self._count < self._pace.limit and fits)
+
+    def _start(self, call: Callable[[], R], size: int) -> None:
+        """``call`` on the pool, its object of ``size`` bytes."""
+        future = self._pool.submit(call)
+        future.add_done_callback(functools.partial(self._end, size))
+        self._count, self._held = self._count + 1, self._held + size
+
+    def _next_ended(self) -> Future[R]:
+        """The next call to end (waiting for one), taken back."""
+        future, size = self._ended.get()
+        self._count, self._held = self._count - 1, self._held - size
+        self._pace.arrived()
+        return future
+
+    def _end(self, size: int, future: Future[R]) -> None:
+        self._ended.put((future, size))
+
+
+class Pace:
+    """How many calls a batch keeps in flight. From a store far away each small object waits on
+    its round trip, and more in flight move them sooner; from a near one this machine is the
+    bound, and each further connection only costs its TLS handshake. So a batch starts with
+    ``least`` and doubles, up to ``most``, for as long as the last doubling raised the rate at
+    which calls end by a quarter (the first is always tried). Each rate is measured over twice
+    as many calls as are allowed in flight, once the first that many have ended: those waited
+    on the connections their level added being opened."""
+
+    def __init__(self, least: int, most: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit, self.most = least, max(least, most)
+        self._rate = 0.0
+        self._clock = clock
+        self._level()
+
+    def _level(self) -> None:
+        """A new limit: its first ``limit`` calls to end are not counted."""
+        self._count, self._since = -self.limit, self._clock()
+
+    def arrived(self) -> None:
+        """One more call has ended."""
+        if self.limit >= self.most:
+            return
+        self._count += 1
+        if self._count == 0:
+            self._since = self._clock()
+        if self._count < 2 * self.limit:
+            return
+        rate = self._count / max(self._clock() - self._since, 1e-9)
+        if rate >= 1.25 * self._rate:
+            self.limit = min(self.most, 2 * self.limit)
+        else:
+            self.most = self.limit  # more did not go faster: stay
+        self._rate = rate
+        self._level()
+
+
+class DaemonPool:
+    """Threads for the calls of a store, up to ``size``, each started when a call finds none
+    idle (a batch that keeps 32 in flight starts 32, not ``size``). Daemons, unlike an
+    executor's (which the interpreter joins at exit): one waiting on an unreachable store must
+    not keep a stopped agent alive."""
+
+    def __init__(self, size: int, name: str) -> None:
+        self._size, self._name = size, name
+        self._started = 0
+        self._idle = threading.Semaphore(0)  # released by each thread done with a call
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = (
+            queue.SimpleQueue()
+        )
+
+    def submit(self, call: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
+        self._jobs.put((future, call))
+        if not self._idle.acquire(blocking=False):
+            with self._lock:
+                if self._started < self._size:
+                    name = f"{self._name}-{self._started}"
+                    threading.Thread(target=self._work, name=name, daemon=True).start()
+                    self._started += 1
+        return future
+
+    def shutdown(self) -> None:
+        """The threads end once the work already submitted is done (or cancelled)."""
+        with self._lock:
+            for _ in range(self._started):
+                self._jobs.put(None)
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, call = job
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(call())
+                except BaseException as exc:  # the caller's to raise, from future.result()
+                    future.set_exception(exc)
+            self._idle.release()
+
+
+class DaemonLoop:
+    """An event loop on a daemon thread (as the range threads are), for the engine's async
+    face, with the store's ``room`` for ranges read whole."""
+
+    def __init__(self, name: str, room: int) -> None:
+        import asyncio
+
+        self._loop = asyncio.new_event_loop()
+        self.room = asyncio.Semaphore(room)
+        threading.Thread(target=self._work, name=name, daemon=True).start()
+
+    def run(self, work: Coroutine[Any, Any, T]) -> T:
+        """``work`` run on the loop; its result, once it is done."""
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(work, self._loop).result()
+
+    def shutdown(self) -> None:
+        """The loop stops once the work already on it is done, and is closed."""
+        import asyncio
+
+        async def once_idle() -> None:
+            others = asyncio.all_tasks() - {asyncio.current_task()}
+            await asyncio.gather(*others, return_exceptions=True)
+            self._loop.stop()
+
+        asyncio.run_coroutine_threadsafe(once_idle(), self._loop)
+
+    def _work(self) -> None:
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
