@@ -168,6 +168,31 @@ def test_missing_source_is_deploy_failed(
     assert not ran.exists() and not (agent.node_root / "app/data").exists()
 
 
+def test_patterns_that_select_nothing_say_what_is_there(
+    s3_server: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    """A source whose patterns leave no file fails naming how many files are under it, a few of
+    their keys and the patterns; an empty source says nothing is there. Nothing is mounted."""
+    url = _seed_s3(s3_server, {"config.json": b"{}", "model.safetensors": b"w"})
+    environ = Environ({"AWS_ENDPOINT_URL": s3_server.endpoint, **_KEYS})
+    where = lambda location: tmp_path / "node" / location.lstrip("/")  # noqa: E731
+    stager = WeightsStager(
+        NodeCache(tmp_path / "cache"), AgentLog(io.StringIO()), environ, {}, where
+    )
+    bins = WeightsSource(source=url, mount_location="/app/model", allow_patterns=["*.bin"])
+    with pytest.raises(StagingError) as raised:
+        stager.stage([bins])
+    assert str(raised.value) == (
+        f"weights[0] {url}: no file matches: 2 under the source (such as config.json, "
+        "model.safetensors), none selected by allow_patterns ['*.bin']; check the patterns "
+        "(matched against each key under the source)"
+    )
+    empty = WeightsSource(source=url + "-nope", mount_location="/app/model")
+    with pytest.raises(StagingError, match=r"nothing is under the source; check its path$"):
+        stager.stage([empty])
+    assert not (tmp_path / "node").exists()
+
+
 def test_unknown_hf_revision_is_deploy_failed(
     agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
 ) -> None:

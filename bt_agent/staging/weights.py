@@ -99,6 +99,8 @@ class SourcePlan:
     pinned: str  # the source at the version that was listed
     files: list[PlannedFile]
     mount: Path
+    listed: int = 0  # objects under the source, selected or not
+    some_keys: tuple[str, ...] = ()  # a few of their keys, for an error that says what is there
 
     @property
     def size(self) -> int:
@@ -125,7 +127,28 @@ def plan_source(index: int, weights: WeightsSource, store: ObjectStore, mount: P
         for info in objects
         if selected(info.key, weights.allow_patterns, weights.ignore_patterns)
     ]
-    return SourcePlan(index, weights, store, pinned, files, mount)
+    keys = tuple(info.key for info in objects[:3])
+    return SourcePlan(index, weights, store, pinned, files, mount, len(objects), keys)
+
+
+def _nothing_selected(plan: SourcePlan) -> str:
+    """Why a plan holds no file: nothing under the source, or patterns that leave nothing."""
+    if not plan.listed:
+        return "no file matches: nothing is under the source; check its path"
+    weights = plan.weights
+    patterns = " and ".join(
+        f"{name} {value}"
+        for name, value in (
+            ("allow_patterns", weights.allow_patterns),
+            ("ignore_patterns", weights.ignore_patterns),
+        )
+        if value
+    )
+    return (
+        f"no file matches: {plan.listed} under the source (such as {', '.join(plan.some_keys)}), "
+        f"none selected by {patterns}; check the patterns (matched against each key under the "
+        "source)"
+    )
 
 
 def _mb(size: int) -> str:
@@ -201,7 +224,10 @@ class WeightsStager:
         self, plan_or_index: SourcePlan | int, weights: WeightsSource, exc: Exception
     ) -> StagingError:
         index = plan_or_index.index if isinstance(plan_or_index, SourcePlan) else plan_or_index
-        return StagingError(f"weights[{index}] {weights.source}: {exc}")
+        said = str(exc)
+        if said.startswith(weights.source):  # a store's error names its object already
+            return StagingError(f"weights[{index}] {said}")
+        return StagingError(f"weights[{index}] {weights.source}: {said}")
 
     def _open(self, index: int, weights: WeightsSource) -> ObjectStore:
         if weights.scheme == "bt":
@@ -235,13 +261,8 @@ class WeightsStager:
             store.close()
             raise
         if not plan.files:
-            raise self._fail(
-                index,
-                weights,
-                ValueError(
-                    "no file matches; check the source path and allow_patterns/ignore_patterns"
-                ),
-            )
+            store.close()
+            raise self._fail(index, weights, ValueError(_nothing_selected(plan)))
         return plan
 
     def _say_plan(self, plan: SourcePlan) -> list[PlannedFile]:

@@ -18,6 +18,7 @@ from bt_agent.storage.engine import ENGINE_RETRIES, EngineStore, Proxies, Tuning
 
 class AzureStore(EngineStore):
     ca_variable = "SSL_CERT_FILE"
+    container_noun = "container"
 
     def __init__(
         self,

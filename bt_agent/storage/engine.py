@@ -137,6 +137,7 @@ class EngineStore(ObjectStore):
     #: The largest object the service copies in one request (None: no limit).
     max_copy_bytes: int | None = None
     ca_variable = "SSL_CERT_FILE"
+    container_noun = "bucket"  # what the service calls the place objects are kept in
 
     def __init__(
         self,
@@ -263,14 +264,16 @@ class EngineStore(ObjectStore):
         code = status.group(1) if status else ""
         where = self.endpoint_url or "the service"
         if isinstance(exc, FileNotFoundError | engine.NotFoundError) or code == "404":
-            return NotFoundError(f"{uri} does not exist; check the bucket and the path", uri)
+            return NotFoundError(
+                f"{uri} does not exist; check the {self.container_noun} and the path", uri
+            )
         if isinstance(exc, engine.PermissionDeniedError | engine.UnauthenticatedError) or code in (
             "401",
             "403",
         ):
             return AccessDeniedError(
                 f"{uri}: access denied ({code or 'forbidden'}); check the credentials and the "
-                "bucket's policy",
+                f"{self.container_noun}'s policy",
                 uri,
             )
         if isinstance(exc, engine.PreconditionError):  # If-Match: another version is there
