@@ -44,10 +44,21 @@ def _weights_job(*sources: tuple[str, str], command: str, **extra: Any) -> dict[
     }
 
 
-def _store(agent: Agent, backend: str, s3: servers.SeaweedFS) -> tuple[str, dict[str, str]]:
+def _store(
+    agent: Agent, backend: str, request: pytest.FixtureRequest
+) -> tuple[str, dict[str, str]]:
+    """The job store of ``backend``: the agent's directory, a bucket or an Azure container."""
     if backend == "file":
         return str(agent.store), {}
     bucket = f"btrefs{abs(hash(agent.mark)) % 10**8}"
+    if backend == "azure":
+        azure: servers.Azurite = request.getfixturevalue("azure_server")
+        azure.create_container(bucket)
+        account = servers.AZURITE_ACCOUNT
+        return f"azure://{account}/{bucket}/bt", {
+            "AZURE_STORAGE_CONNECTION_STRING": azure.connection_string
+        }
+    s3: servers.SeaweedFS = request.getfixturevalue("s3_server")
     s3.create_bucket(bucket)
     return f"s3://{bucket}/bt", {
         "AWS_ACCESS_KEY_ID": servers.ACCESS_KEY,
@@ -57,11 +68,11 @@ def _store(agent: Agent, backend: str, s3: servers.SeaweedFS) -> tuple[str, dict
     }
 
 
-@pytest.mark.parametrize("backend", ["file", "s3"])
+@pytest.mark.parametrize("backend", ["file", "s3", "azure"])
 def test_a_jobs_checkpoints_staged_as_weights_of_the_next(
-    agent: Agent, backend: str, s3_server: servers.SeaweedFS
+    agent: Agent, backend: str, request: pytest.FixtureRequest
 ) -> None:
-    store, env = _store(agent, backend, s3_server)
+    store, env = _store(agent, backend, request)
     agent.env |= env
     _trained(agent, "trn0001", store)
     latest, shard = agent.node_root / "app/latest", agent.node_root / "app/shard"
