@@ -23,7 +23,7 @@ DEFAULT_GRACE_SECONDS = 30.0
 DEFAULT_SECRETS_DIR = "/secrets"
 #: Where a store can live (DESIGN.md §3). ``s3://`` honours AWS_ENDPOINT_URL, ``gs://``
 #: STORAGE_EMULATOR_HOST.
-STORE_SCHEMES = ("file", "s3", "r2", "gs", "azure")
+STORE_SCHEMES = ("file", "s3", "r2", "cw", "gs", "azure")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 
@@ -231,7 +231,7 @@ def _store_url(value: str | None, environ: Environ, problems: list[Problem], whe
     if urlparse(value).scheme not in STORE_SCHEMES:
         hint = (
             "use file:///path (or a directory), s3://bucket/prefix, r2://account.bucket/prefix, "
-            "gs://bucket/prefix or azure://account/container/prefix"
+            "cw://bucket/prefix, gs://bucket/prefix or azure://account/container/prefix"
         )
         problems.append(Problem(where, f"unsupported store URL {value!r}", hint))
     return value

@@ -112,6 +112,9 @@ AWS_NAMES = (
     "s3.dualstack.us-east-1.amazonaws.com",
     "s3-fips.dualstack.us-east-1.amazonaws.com",
 )
+#: CoreWeave's endpoints, which name each bucket in the host (``<bucket>.cwobject.com``): the
+#: server takes a bucket from such a host, and its certificate holds every name of the first.
+COREWEAVE_DOMAINS = ("cwobject.com", "cwlota.com")
 
 
 @dataclass(frozen=True)
@@ -212,7 +215,7 @@ def seaweedfs(root: Path) -> SeaweedFS:
         taken |= {port, port + 10000, port - 10000}
     s3, master, filer, volume, admin, https = sorted(ports)
     # 127.0.0.1 is a name it does not hold; AWS's are for a proxy that sends them here
-    tls = certificates(data / "tls", ("localhost", *AWS_NAMES))
+    tls = certificates(data / "tls", ("localhost", *AWS_NAMES, f"*.{COREWEAVE_DOMAINS[0]}"))
     argv = [
         weed,
         f"-logdir={data}/logs",
@@ -229,6 +232,7 @@ def seaweedfs(root: Path) -> SeaweedFS:
         f"-s3.port.https={https}",
         f"-s3.cert.file={tls.cert}",
         f"-s3.key.file={tls.key}",
+        f"-s3.domainName={','.join(COREWEAVE_DOMAINS)}",
         f"-master.port={master}",
         f"-filer.port={filer}",
         f"-volume.port={volume}",

@@ -202,7 +202,10 @@ def test_bad_node_context_lists_every_problem(agent: Agent) -> None:
     assert result.code == 2
     for where in ("--node-rank", "--grace-period", "--job-id", "--store"):
         assert f"  - {where}: " in result.err
-    assert "r2://account.bucket/prefix, gs://bucket/prefix or azure://" in result.err
+    assert (
+        "r2://account.bucket/prefix, cw://bucket/prefix, gs://bucket/prefix or azure://"
+        in result.err
+    )
     assert not agent.store.exists()
 
 

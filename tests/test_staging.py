@@ -19,6 +19,7 @@ import pytest
 import servers
 from fault_proxy import FaultProxy
 from helpers import Agent, wait_for
+from http_proxy import ForwardProxy
 
 from bt_agent.errors import StagingError, UnsafeKeyError
 from bt_agent.log import AgentLog
@@ -446,15 +447,19 @@ def test_progress_lines_say_bytes_rate_and_eta() -> None:
     assert all(line.startswith("bt-agent: weights[1]: ") for line in lines)
 
 
-def test_gs_r2_and_https_sources(
+def test_gs_r2_cw_and_https_sources(
     agent: Agent,
     s3_server: servers.SeaweedFS,
     hf_server: servers.Olah,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Each kind of source in one job. The cw:// one goes to CoreWeave's LOTA endpoint
+    (``http://<bucket>.cwlota.com``): a proxy takes those connections to SeaweedFS, which finds
+    the bucket in the host; the other servers are reached directly (``NO_PROXY``)."""
     gcs = servers.fake_gcs(tmp_path / "gcs")
     https = servers.static_https(tmp_path / "https")
+    proxy = ForwardProxy(upstream=("127.0.0.1", s3_server.port))
     try:
         gcs.create_bucket("gbucket")
         from bt_agent.settings import Environ
@@ -465,24 +470,33 @@ def test_gs_r2_and_https_sources(
         gstore.write_bytes("a/skip.md", b"no")
         (https.directory / "vocab.txt").write_bytes(b"https-data\n")
         r2_url = _seed_s3(s3_server, {"r2.bin": b"r2-data\n"}).replace("s3://", "r2://acct.")
+        cw_url = _seed_s3(s3_server, {"cw.bin": b"cw-data\n"}).replace("s3://", "cw://")
         env = {
             **_env(agent, s3_server, hf_server),
             "STORAGE_EMULATOR_HOST": gcs.endpoint,
             "BT_R2_ENDPOINT_URL": s3_server.endpoint,
+            "BT_CW_ENDPOINT_URL": "http://cwlota.com",
+            "HTTP_PROXY": proxy.endpoint,
+            "NO_PROXY": "127.0.0.1,localhost",
             "SSL_CERT_FILE": str(https.ca_file),
         }
         weights = [
             {"source": "gs://gbucket/ds", "mount_location": "/g", "ignore_patterns": ["**.md"]},
             {"source": r2_url, "mount_location": "/r", "auth_secret_name": "s3_creds"},
+            {"source": cw_url, "mount_location": "/c", "auth_secret_name": "s3_creds"},
             {"source": https.url("vocab.txt"), "mount_location": "/h"},
         ]
         node = agent.node_root
-        command = f"cat {node}/g/a/train.jsonl {node}/r/r2.bin {node}/h/vocab.txt"
+        files = ("g/a/train.jsonl", "r/r2.bin", "c/cw.bin", "h/vocab.txt")
+        command = "cat " + " ".join(f"{node}/{name}" for name in files)
         result = agent.run_job(_job(weights, command), env=env)
         assert result.code == 0, result.text
-        assert result.out == "gs-data\nr2-data\nhttps-data\n"
+        assert result.out == "gs-data\nr2-data\ncw-data\nhttps-data\n"
         assert not (node / "g" / "a" / "skip.md").exists()
+        bucket = cw_url.removeprefix("cw://").split("/")[0]
+        assert set(proxy.targets) == {f"{bucket}.cwlota.com"}, proxy.targets
     finally:
+        proxy.close()
         gcs.stop()
         https.stop()
 

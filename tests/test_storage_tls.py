@@ -295,3 +295,71 @@ def test_a_directory_bucket_goes_to_its_zone(s3_server: servers.SeaweedFS) -> No
         assert "certificate" in message, message
     finally:
         proxy.close()
+
+
+@pytest.mark.parametrize("transport", ["https", "lota"])
+def test_coreweave_buckets_are_named_in_the_host(
+    s3_server: servers.SeaweedFS, transport: str
+) -> None:
+    """``cw://bucket/path`` goes to CoreWeave AI Object Storage, which takes only
+    virtual-hosted requests: ``https://<bucket>.cwobject.com``, or inside CoreWeave the LOTA
+    endpoint ``BT_CW_ENDPOINT_URL=http://cwlota.com`` (``http://<bucket>.cwlota.com``). There is
+    no CoreWeave here: a proxy takes every connection to SeaweedFS, which finds the bucket in
+    the host (its certificate holds ``*.cwobject.com``), and tells which host each was for."""
+    assert s3_server.certificates is not None
+    bucket = _bucket(s3_server)
+    https = transport == "https"
+    port = s3_server.https_port if https else s3_server.port
+    proxy = ForwardProxy(upstream=("127.0.0.1", port))
+    environ = {"AWS_DEFAULT_REGION": "US-EAST-04A"}
+    if https:
+        environ |= {"AWS_CA_BUNDLE": str(s3_server.certificates.ca), "HTTPS_PROXY": proxy.endpoint}
+        host = f"{bucket}.cwobject.com:443"
+    else:
+        environ |= {"BT_CW_ENDPOINT_URL": "http://cwlota.com", "HTTP_PROXY": proxy.endpoint}
+        host = f"{bucket}.cwlota.com"  # a request in absolute form, its port the default
+    try:
+        with open_store(f"cw://{bucket}/models", Environ(environ), SECRET, "c") as store:
+            assert store.write_bytes("config.json", b"{}")
+            assert [info.key for info in store.list()] == ["config.json"]
+            assert store.read_bytes("config.json") == b"{}"
+        assert set(proxy.targets) == {host}, proxy.targets
+        listed = s3_server.client().list_objects_v2(Bucket=bucket)["Contents"]
+        assert [item["Key"] for item in listed] == ["models/config.json"]
+    finally:
+        proxy.close()
+
+
+def test_a_profile_asks_for_virtual_hosted_requests(
+    s3_server: servers.SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ``s3://`` store configured as CoreWeave's documents say (a profile whose
+    ``endpoint_url`` is ``https://cwobject.com`` and whose ``s3`` section has ``addressing_style
+    = virtual``) names the bucket in the host, as the AWS CLI does with that profile."""
+    assert s3_server.certificates is not None
+    bucket = _bucket(s3_server)
+    proxy = ForwardProxy(upstream=("127.0.0.1", s3_server.https_port))
+    config = tmp_path / "config"
+    config.write_text(
+        "[profile cw]\nregion = US-EAST-04A\nendpoint_url = https://cwobject.com\n"
+        f"aws_access_key_id = {servers.ACCESS_KEY}\n"
+        f"aws_secret_access_key = {servers.SECRET_KEY}\n"
+        "s3 =\n    addressing_style = virtual\n"
+    )
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_PROFILE", "cw")
+    environ = {
+        "AWS_PROFILE": "cw",
+        "AWS_CA_BUNDLE": str(s3_server.certificates.ca),
+        "HTTPS_PROXY": proxy.endpoint,
+    }
+    try:
+        with open_store(f"s3://{bucket}/p", Environ(environ)) as store:
+            assert store.write_bytes("model.bin", b"weights")
+            assert store.read_bytes("model.bin") == b"weights"
+        assert set(proxy.targets) == {f"{bucket}.cwobject.com:443"}, proxy.targets
+    finally:
+        proxy.close()

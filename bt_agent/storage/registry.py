@@ -20,6 +20,8 @@ from bt_agent.storage.file import FileStore
 
 R2_ENDPOINT = "https://{account}.r2.cloudflarestorage.com"
 R2_ENDPOINT_VARIABLE = "BT_R2_ENDPOINT_URL"  # overrides the endpoint (tests, proxies)
+CW_ENDPOINT = "https://cwobject.com"  # CoreWeave AI Object Storage, from anywhere
+CW_ENDPOINT_VARIABLE = "BT_CW_ENDPOINT_URL"  # another: http://cwlota.com inside CoreWeave
 CA_BUNDLE_VARIABLE = "AWS_CA_BUNDLE"  # a PEM file of CAs trusted beside the system's
 REGION_VARIABLE = "AWS_DEFAULT_REGION"  # botocore's; where unset, botocore reads the profile
 
@@ -27,9 +29,9 @@ REGION_VARIABLE = "AWS_DEFAULT_REGION"  # botocore's; where unset, botocore read
 def open_store(
     url: str, environ: Environ | None = None, secret: str | None = None, secret_name: str = ""
 ) -> ObjectStore:
-    """The store or source behind ``url``: ``file://``, ``s3://``, ``r2://``, ``gs://``,
-    ``azure://``, ``hf://`` (read-only), ``http(s)://`` (read-only). ``secret`` is the content of
-    the secret the spec names, in the format of REFERENCE.md §5."""
+    """The store or source behind ``url``: ``file://``, ``s3://``, ``r2://``, ``cw://``,
+    ``gs://``, ``azure://``, ``hf://`` (read-only), ``http(s)://`` (read-only). ``secret`` is the
+    content of the secret the spec names, in the format of REFERENCE.md §5."""
     environ = environ or Environ.current()
     parsed = urlparse(url)
     scheme = parsed.scheme
@@ -52,6 +54,8 @@ def open_store(
         )
     if scheme == "r2":
         return _r2(url, environ, secret, secret_name)
+    if scheme == "cw":
+        return _coreweave(url, environ, secret, secret_name)
     if scheme == "azure":
         return _azure(url, environ, secret, secret_name)
     if scheme == "gs":
@@ -76,7 +80,8 @@ def open_store(
 
         return HTTPStore(url)
     raise UsageError(
-        f"unsupported URL {url!r}: use file://, s3://, r2://, gs://, azure://, hf:// or https://"
+        f"unsupported URL {url!r}: use file://, s3://, r2://, cw://, gs://, azure://, hf:// or "
+        "https://"
     )
 
 
@@ -98,6 +103,29 @@ def _r2(url: str, environ: Environ, secret: str | None, secret_name: str) -> Obj
         region="auto",
         ca_bundle=environ.get(CA_BUNDLE_VARIABLE),
         proxies=_proxies(environ),
+    )
+
+
+def _coreweave(url: str, environ: Environ, secret: str | None, secret_name: str) -> ObjectStore:
+    """CoreWeave AI Object Storage: S3's API, buckets named in the host only (virtual-hosted
+    style), at ``https://cwobject.com``; ``BT_CW_ENDPOINT_URL`` names another endpoint (inside
+    CoreWeave, LOTA's ``http://cwlota.com``)."""
+    from bt_agent.storage.s3 import S3Store
+
+    parsed = urlparse(url)
+    if not parsed.netloc:
+        raise UsageError(f"invalid CoreWeave URL {url!r}: use cw://<bucket>/path")
+    keys = s3_keys(secret, secret_name) if secret is not None else _environment_keys(environ)
+    return S3Store(
+        parsed.netloc,
+        parsed.path,
+        url=url.rstrip("/"),
+        keys=keys,
+        endpoint_url=environ.get(CW_ENDPOINT_VARIABLE) or CW_ENDPOINT,
+        region=(keys.region if keys else None) or environ.get(REGION_VARIABLE),
+        ca_bundle=environ.get(CA_BUNDLE_VARIABLE),
+        proxies=_proxies(environ),
+        virtual_hosted=True,
     )
 
 

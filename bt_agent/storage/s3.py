@@ -1,4 +1,4 @@
-"""``s3://bucket/prefix`` (and ``r2://``, any S3-compatible endpoint) on obstore
+"""``s3://bucket/prefix`` (and ``r2://``, ``cw://``, any S3-compatible endpoint) on obstore
 (:mod:`bt_agent.storage.engine`).
 
 What is S3's own: the endpoint (``AWS_ENDPOINT_URL(_S3)``, else the profile's, else AWS: its
@@ -49,9 +49,13 @@ class S3Store(EngineStore):
         proxies: Proxies | None = None,
         fips: bool | None = None,
         dualstack: bool | None = None,
+        virtual_hosted: bool = False,
     ) -> None:
         """``fips`` and ``dualstack``: whether to use AWS's FIPS and dual-stack (IPv6)
-        endpoints; None where the environment does not say (then the profile may)."""
+        endpoints; None where the environment does not say (then the profile may).
+        ``virtual_hosted``: the bucket is named in the endpoint's host
+        (``https://<bucket>.<endpoint host>``), for services that take no other form; a
+        profile's ``addressing_style = virtual`` asks for it too."""
         prefix = prefix.strip("/")
         super().__init__(
             prefix,
@@ -65,6 +69,7 @@ class S3Store(EngineStore):
         self.keys = keys
         self.region = region or (keys.region if keys else None)
         self.fips, self.dualstack = fips, dualstack
+        self.virtual_hosted = virtual_hosted
 
     def _make_engine(self) -> Any:
         from obstore.store import S3Store as Engine
@@ -81,13 +86,17 @@ class S3Store(EngineStore):
             self.ca_bundle = self.ca_bundle or chain.ca_bundle()
             fips = chain.flag("use_fips_endpoint") if fips is None else fips
             dualstack = chain.flag("use_dualstack_endpoint") if dualstack is None else dualstack
+            self.virtual_hosted = self.virtual_hosted or chain.addressing_style() == "virtual"
         region = region or "us-east-1"
         if not self.endpoint_url and self.bucket.endswith(EXPRESS_SUFFIX):
             config["s3_express"] = True  # the engine finds the zone's endpoint and sessions
         else:
             self.endpoint_url = self.endpoint_url or aws_endpoint(region, fips, dualstack)
         if self.endpoint_url:
-            config.update(endpoint=self.endpoint_url, virtual_hosted_style_request=False)
+            if self.virtual_hosted:
+                self.endpoint_url = bucket_endpoint(self.endpoint_url, self.bucket)
+            config.update(endpoint=self.endpoint_url)
+        config["virtual_hosted_style_request"] = self.virtual_hosted
         return Engine(
             self.bucket,
             region=region,
@@ -97,6 +106,12 @@ class S3Store(EngineStore):
             retry_config=ENGINE_RETRIES,
             **config,
         )
+
+
+def bucket_endpoint(endpoint: str, bucket: str) -> str:
+    """``endpoint`` with ``bucket`` as the first label of its host (virtual-hosted style)."""
+    scheme, _, rest = endpoint.partition("://")
+    return f"{scheme}://{bucket}.{rest.rstrip('/')}"
 
 
 def aws_endpoint(region: str, fips: bool | None, dualstack: bool | None) -> str | None:
@@ -153,6 +168,12 @@ class _BotocoreChain:
             return str(service["endpoint_url"])
         endpoint = scoped.get("endpoint_url")
         return str(endpoint) if endpoint else None
+
+    def addressing_style(self) -> str | None:
+        """The profile's ``s3`` section's ``addressing_style`` (``virtual``, ``path``, ``auto``)."""
+        service = self.session.get_scoped_config().get("s3")
+        style = service.get("addressing_style") if isinstance(service, dict) else None
+        return str(style) if style else None
 
     def flag(self, name: str) -> bool:
         """A yes-or-no setting of the environment or the profile (or its ``s3`` section)."""
