@@ -305,6 +305,8 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
     "source-bad-scheme": (weights(source="ftp://host/x"), "weights[0].source"),
     "s3-no-bucket": (weights(source="s3:///path"), "weights[0].source"),
     "s3-revision": (weights(source="s3://bucket/path@v1"), "weights[0].source"),
+    "azure-no-container": (weights(source="azure://account"), "weights[0].source"),
+    "r2-no-account": (weights(source="r2://bucket/path"), "weights[0].source"),
     "hf-empty": (weights(source="hf://"), "weights[0].source"),
     "https-empty": (weights(source="https://"), "weights[0].source"),
     "source-empty": (weights(source=""), "weights[0].source"),
@@ -422,4 +424,6 @@ OURS_ONLY = {
     "checkpoint-path-relative",
     "checkpoint-path-in-scratch",
     "duplicate-named-reference",
+    "azure-no-container",
+    "r2-no-account",
 }

@@ -204,6 +204,28 @@ def _mount_problems(job: TrainingJob, dirs: list[_Dir]) -> list[Problem]:
     return problems
 
 
+def _source_problems(job: TrainingJob) -> list[Problem]:
+    """Sources whose URL lacks a part its store needs to be reached (the SDK takes any path):
+    an Azure container, an R2 account id."""
+    problems: list[Problem] = []
+    for i, weights in enumerate(job.weights):
+        scheme, _, rest = weights.source.partition("://")
+        host, _, path = rest.partition("/")
+        if scheme == "azure" and not path.partition("/")[0]:
+            form = "azure://<account>/<container>/path"
+            problems.append(_source_problem(i, weights.source, "names no container", form))
+        elif scheme == "r2" and not all(host.partition(".")[::2]):
+            form = "r2://<account_id>.<bucket>/path"
+            problems.append(
+                _source_problem(i, weights.source, "lacks its account id or bucket", form)
+            )
+    return problems
+
+
+def _source_problem(index: int, source: str, what: str, form: str) -> Problem:
+    return Problem(f"weights[{index}].source", f"{source!r} {what}", f"write it as {form}")
+
+
 def _reference_problems(job: TrainingJob) -> list[Problem]:
     problems: list[Problem] = []
     config = job.runtime.load_checkpoint_config
@@ -268,5 +290,6 @@ def semantic_problems(job: TrainingJob) -> list[Problem]:
         *_forbidden_dirs(absolute),
         *_overlapping_managed_dirs(absolute),
         *_mount_problems(job, absolute),
+        *_source_problems(job),
         *_reference_problems(job),
     ]
