@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import servers
 from helpers import small_tmpfs
+from http_proxy import ForwardProxy
 
 from bt_agent.errors import (
     AccessDeniedError,
@@ -50,10 +51,11 @@ SMALL_TUNING = Tuning(
     concurrency=4,
     list_page_size=50,
 )
-# "s3-tls" is the same SeaweedFS over https, its certificate trusted through AWS_CA_BUNDLE.
-ALL = ["file", "s3", "s3-tls", "r2", "gs", "azure", "hf", "https"]
-TREES = ["file", "s3", "s3-tls", "r2", "gs", "azure", "hf"]  # https:// is one file per URL
-WRITABLE = ["file", "s3", "s3-tls", "r2", "gs", "azure"]
+# "s3-tls" is the same SeaweedFS over https, its certificate trusted through AWS_CA_BUNDLE;
+# "cw" the same again as CoreWeave (the bucket in the host, through a proxy: _s3).
+ALL = ["file", "s3", "s3-tls", "r2", "cw", "gs", "azure", "hf", "https"]
+TREES = ["file", "s3", "s3-tls", "r2", "cw", "gs", "azure", "hf"]  # https:// is one file per URL
+WRITABLE = ["file", "s3", "s3-tls", "r2", "cw", "gs", "azure"]
 
 
 @dataclass
@@ -69,28 +71,30 @@ class Backend:
         return self.make()
 
 
-def _s3(server: servers.SeaweedFS, r2: bool = False, tls: bool = False) -> Backend:
+def _s3(server: servers.SeaweedFS, name: str, request: pytest.FixtureRequest) -> Backend:
+    """SeaweedFS as ``name``: s3 (plain http), s3-tls, r2, or cw (CoreWeave's host for each
+    bucket, ``<bucket>.cwobject.com``, which a proxy takes to the server's TLS port)."""
     bucket = f"b{uuid.uuid4().hex[:12]}"
     server.create_bucket(bucket)
     keys_json = (
         f'{{"aws_access_key_id": "{servers.ACCESS_KEY}", '
         f'"aws_secret_access_key": "{servers.SECRET_KEY}"}}'
     )
-    if r2:
+    assert server.certificates is not None
+    trusted = {"AWS_CA_BUNDLE": str(server.certificates.ca)}
+    url = f"s3://{bucket}/data"
+    if name == "r2":
         environ = Environ({"BT_R2_ENDPOINT_URL": server.endpoint})
         url = f"r2://acct123.{bucket}/data"
-    elif tls:
-        assert server.certificates is not None
-        environ = Environ(
-            {
-                "AWS_ENDPOINT_URL": server.https_endpoint,
-                "AWS_CA_BUNDLE": str(server.certificates.ca),
-            }
-        )
-        url = f"s3://{bucket}/data"
+    elif name == "cw":
+        proxy = ForwardProxy(upstream=("127.0.0.1", server.https_port))
+        request.addfinalizer(proxy.close)
+        environ = Environ({"HTTPS_PROXY": proxy.endpoint, **trusted})
+        url = f"cw://{bucket}/data"
+    elif name == "s3-tls":
+        environ = Environ({"AWS_ENDPOINT_URL": server.https_endpoint, **trusted})
     else:
         environ = Environ({"AWS_ENDPOINT_URL": server.endpoint})
-        url = f"s3://{bucket}/data"
 
     def make() -> ObjectStore:
         store = open_store(url, environ, keys_json, "creds")
@@ -100,9 +104,7 @@ def _s3(server: servers.SeaweedFS, r2: bool = False, tls: bool = False) -> Backe
 
     writer = make()
     return Backend(
-        "r2" if r2 else "s3-tls" if tls else "s3",
-        make,
-        lambda files: [writer.write_bytes(k, v) for k, v in files.items()] and None,
+        name, make, lambda files: [writer.write_bytes(k, v) for k, v in files.items()] and None
     )
 
 
@@ -183,8 +185,8 @@ def backend(
     name = request.param
     if name == "file":
         return _file(tmp_path)
-    if name in ("s3", "s3-tls", "r2"):
-        return _s3(request.getfixturevalue("s3_server"), r2=name == "r2", tls=name == "s3-tls")
+    if name in ("s3", "s3-tls", "r2", "cw"):
+        return _s3(request.getfixturevalue("s3_server"), name, request)
     if name == "gs":
         return _gs(request.getfixturevalue("gcs_server"))
     if name == "azure":

@@ -109,9 +109,11 @@ class S3Store(EngineStore):
 
 
 def bucket_endpoint(endpoint: str, bucket: str) -> str:
-    """``endpoint`` with ``bucket`` as the first label of its host (virtual-hosted style)."""
+    """``endpoint`` with ``bucket`` as the first label of its host (virtual-hosted style), as it
+    is where it has that label already (a store's engine made again after ``close``)."""
     scheme, _, rest = endpoint.partition("://")
-    return f"{scheme}://{bucket}.{rest.rstrip('/')}"
+    rest = rest.rstrip("/")
+    return endpoint if rest.startswith(f"{bucket}.") else f"{scheme}://{bucket}.{rest}"
 
 
 def aws_endpoint(region: str, fips: bool | None, dualstack: bool | None) -> str | None:
