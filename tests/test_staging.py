@@ -554,6 +554,24 @@ def test_bad_credentials_are_deploy_failed(
     assert "wrong-secret-987" not in result.text
 
 
+def test_an_azure_secret_of_no_known_form_is_deploy_failed(agent: Agent) -> None:
+    """A secret that is no account key (base64), SAS token or connection string: the job fails
+    to deploy naming the secret and the forms it may take, never its content (the engine
+    refused it with a traceback before)."""
+    agent.secret("azure_creds", "paste the key here 4711")
+    weights = [
+        {
+            "source": f"azure://{servers.AZURITE_ACCOUNT}/models/m",
+            "mount_location": "/app/model",
+            "auth_secret_name": "azure_creds",
+        }
+    ]
+    result = agent.run_job(_job(weights, "true"))
+    assert result.code == 3, result.text
+    assert "secret 'azure_creds' is neither a storage account key (base64)" in result.err
+    assert "Traceback" not in result.text and "4711" not in result.text
+
+
 class _ListingStore(ObjectStore):
     """Stands in for a store that lists hostile keys. No server here can hold one: SeaweedFS
     refuses ``..`` keys and fake-gcs-server normalises them away, while real GCS and S3 accept

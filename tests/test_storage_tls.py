@@ -363,3 +363,19 @@ def test_a_profile_asks_for_virtual_hosted_requests(
         assert set(proxy.targets) == {f"{bucket}.cwobject.com:443"}, proxy.targets
     finally:
         proxy.close()
+
+
+@pytest.mark.parametrize("endpoint", ["not a url", "ftp://host", "localhost:9000", "https://"])
+def test_an_endpoint_that_is_no_url_is_a_clear_error(endpoint: str) -> None:
+    """The engine takes any text as the endpoint and then fails every request on it, as if the
+    service were down (or panics): the store says at once what is wrong, and nothing waits."""
+    started = time.monotonic()
+    environ = Environ({"AWS_ENDPOINT_URL": endpoint})
+    with (
+        open_store("s3://bucket/p", environ, SECRET, "c") as store,
+        pytest.raises(StoreError) as caught,
+    ):
+        store.list()
+    assert not isinstance(caught.value, TransientStoreError)
+    assert f"the endpoint {endpoint!r} is not an http:// or https:// URL" in str(caught.value)
+    assert time.monotonic() - started < 5

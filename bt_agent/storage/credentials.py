@@ -7,6 +7,7 @@ come from each SDK's standard environment instead. Values never appear in errors
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,7 +82,21 @@ def azure_credentials(secret: str, name: str) -> AzureCredentials:
             f"secret {name!r} is empty; give the storage account's key, a SAS token or a "
             "connection string"
         )
-    return AzureCredentials(account_key=text)
+    return AzureCredentials(account_key=account_key(text, f"secret {name!r}"))
+
+
+def account_key(text: str, what: str) -> str:
+    """``text`` where it can be an Azure storage account's key (base64, as the portal shows it);
+    else an error naming ``what`` held it, never the text."""
+    try:
+        base64.b64decode(text, validate=True)
+    except ValueError:
+        raise AccessDeniedError(
+            f"{what} is neither a storage account key (base64), a SAS token (with sig=) nor a "
+            "connection string (with AccountKey= or SharedAccessSignature=); give one of those, "
+            "as the Azure portal shows it"
+        ) from None
+    return text
 
 
 def azure_connection_string(text: str, what: str) -> AzureCredentials:
@@ -96,5 +111,7 @@ def azure_connection_string(text: str, what: str) -> AzureCredentials:
             f"{what} is a connection string with neither AccountKey nor SharedAccessSignature"
         )
     return AzureCredentials(
-        key or None, sas.lstrip("?") if sas else None, fields.get("BlobEndpoint")
+        account_key(key, what) if key else None,
+        sas.lstrip("?") if sas else None,
+        fields.get("BlobEndpoint"),
     )

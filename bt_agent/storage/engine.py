@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from bt_agent.errors import (
     AccessDeniedError,
@@ -166,11 +167,40 @@ class EngineStore(ObjectStore):
 
     @property
     def engine(self) -> Any:
-        """obstore's store, built at first use."""
+        """obstore's store, built at first use. Settings it refuses (a malformed key, an
+        endpoint that is no URL) are a :class:`StoreError` naming the store: no request was
+        made, and none would go better for waiting."""
+        from obstore import exceptions as engine
+
         with self._lock:
             if self._engine is None:
-                self._engine = self._make_engine()
+                try:
+                    made = self._make_engine()
+                except engine.BaseError as exc:
+                    raise StoreError(
+                        f"{self.uri()}: its settings are refused ({_first_line(str(exc))}); "
+                        "check its credentials and endpoint",
+                        self.uri(),
+                    ) from None
+                self._check_endpoint()
+                self._engine = made
             return self._engine
+
+    def _check_endpoint(self) -> None:
+        """The endpoint, once known, is an http(s) URL of a host (the engine takes any text,
+        and fails each request on it as if the service were down)."""
+        endpoint = self.endpoint_url
+        if endpoint is None:
+            return
+        parts = urlsplit(endpoint)
+        spaced = any(character.isspace() for character in endpoint)
+        if parts.scheme in ("http", "https") and parts.hostname and not spaced:
+            return
+        raise StoreError(
+            f"{self.uri()}: the endpoint {endpoint!r} is not an http:// or https:// URL; fix "
+            "the variable or profile setting that names it (e.g. https://storage.example.com)",
+            self.uri(),
+        )
 
     @property
     def plain_http(self) -> bool:

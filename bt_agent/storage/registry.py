@@ -10,6 +10,7 @@ from bt_agent.storage.base import ObjectStore
 from bt_agent.storage.credentials import (
     AzureCredentials,
     S3Keys,
+    account_key,
     azure_connection_string,
     azure_credentials,
     gcs_service_account,
@@ -155,8 +156,9 @@ def _azure_environment(environ: Environ) -> AzureCredentials:
     connection = environ.get("AZURE_STORAGE_CONNECTION_STRING")
     if connection:
         return azure_connection_string(connection, "AZURE_STORAGE_CONNECTION_STRING")
+    key = environ.get("AZURE_STORAGE_ACCOUNT_KEY")
     return AzureCredentials(
-        environ.get("AZURE_STORAGE_ACCOUNT_KEY") or None,
+        account_key(key, "AZURE_STORAGE_ACCOUNT_KEY") if key else None,
         (environ.get("AZURE_STORAGE_SAS_TOKEN") or "").lstrip("?") or None,
     )
 
