@@ -18,6 +18,7 @@ from http_proxy import ForwardProxy
 from bt_agent.errors import StoreError, TransientStoreError
 from bt_agent.settings import Environ
 from bt_agent.storage import open_store
+from bt_agent.storage.retry import RetryPolicy
 from bt_agent.storage.s3 import S3Store
 
 SECRET = (
@@ -99,6 +100,20 @@ def test_a_missing_ca_bundle_file_names_the_variable(s3_server: servers.SeaweedF
     assert isinstance(store, S3Store)
     message = str(_refused(store))
     assert "AWS_CA_BUNDLE=/nonexistent/ca.pem" in message and "PEM" in message, message
+
+
+def test_a_ca_bundle_that_holds_no_certificate_names_the_variable(
+    s3_server: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    """A file that is not PEM (a DER file, a key, a path mistyped onto another file) is the
+    same clear error, not the engine's exception."""
+    bundle = tmp_path / "ca.der"
+    bundle.write_bytes(b"\x30\x82\x01\x0a not a certificate")
+    environ = Environ({"AWS_ENDPOINT_URL": s3_server.https_endpoint, "AWS_CA_BUNDLE": str(bundle)})
+    store = open_store("s3://bucket/x", environ, SECRET, "creds")
+    assert isinstance(store, S3Store)
+    message = str(_refused(store))
+    assert f"AWS_CA_BUNDLE={bundle} holds no PEM certificate" in message, message
 
 
 def test_a_profile_gives_the_endpoint_and_the_keys(
@@ -379,3 +394,46 @@ def test_an_endpoint_that_is_no_url_is_a_clear_error(endpoint: str) -> None:
     assert not isinstance(caught.value, TransientStoreError)
     assert f"the endpoint {endpoint!r} is not an http:// or https:// URL" in str(caught.value)
     assert time.monotonic() - started < 5
+
+
+def test_a_proxy_given_as_host_and_port_is_used(s3_server: servers.SeaweedFS) -> None:
+    """``HTTPS_PROXY=host:port``, without a scheme, as curl takes it."""
+    assert s3_server.certificates is not None
+    bucket = _bucket(s3_server)
+    proxy = ForwardProxy()
+    environ = {
+        "AWS_ENDPOINT_URL": s3_server.https_endpoint,
+        "AWS_CA_BUNDLE": str(s3_server.certificates.ca),
+        "HTTPS_PROXY": proxy.endpoint.removeprefix("http://"),
+    }
+    try:
+        with open_store(f"s3://{bucket}/x", Environ(environ), SECRET, "c") as store:
+            assert store.write_bytes("model.bin", b"weights")
+        assert set(proxy.targets) == {urlsplit(s3_server.https_endpoint).netloc}, proxy.targets
+    finally:
+        proxy.close()
+
+
+def test_a_proxy_that_is_no_url_or_is_down_is_named_without_its_password(
+    s3_server: servers.SeaweedFS,
+) -> None:
+    """A proxy variable that is no URL is an error at once; a proxy that does not answer is an
+    outage (it may come back) whose error names it. Neither shows the password a proxy URL
+    may hold."""
+    assert s3_server.certificates is not None
+    trusted = {
+        "AWS_ENDPOINT_URL": s3_server.https_endpoint,
+        "AWS_CA_BUNDLE": str(s3_server.certificates.ca),
+    }
+    garbled = Environ({**trusted, "HTTPS_PROXY": "http://user:hunter2@"})
+    with open_store("s3://bucket/x", garbled, SECRET, "c") as store:
+        refused = _refused(store)
+    assert "HTTPS_PROXY, HTTP_PROXY or ALL_PROXY) is not a URL" in str(refused), refused
+    port = servers.free_port()
+    down = Environ({**trusted, "HTTPS_PROXY": f"http://user:hunter2@127.0.0.1:{port}"})
+    with open_store("s3://bucket/x", down, SECRET, "c") as store:
+        store.policy = RetryPolicy(attempts=1)
+        with pytest.raises(TransientStoreError) as caught:
+            store.list()
+    assert f"through the proxy http://127.0.0.1:{port}" in str(caught.value), caught.value
+    assert "hunter2" not in f"{refused} {caught.value}"

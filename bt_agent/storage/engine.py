@@ -209,26 +209,48 @@ class EngineStore(ObjectStore):
 
     def _client_options(self) -> ClientConfig:
         """Timeouts, plain HTTP where the endpoint asks for it, ``ca_bundle`` and the proxy."""
-        endpoint, ca_bundle, proxies = self.endpoint_url, self.ca_bundle, self.proxies
         options: ClientConfig = {
             "connect_timeout": timedelta(seconds=10),
             "timeout": timedelta(seconds=300),
             "allow_http": self.plain_http,
         }
-        if ca_bundle:
-            try:
-                options["root_certificate"] = Path(ca_bundle).read_bytes()
-            except OSError as exc:
-                raise StoreError(
-                    f"{self.uri()}: cannot read {self.ca_variable}={ca_bundle} "
-                    f"({exc.strerror}); point it at the PEM file of the endpoint's CA",
-                    self.uri(),
-                ) from exc
-        if proxies and (proxy := proxies.for_endpoint(endpoint)):
+        if self.ca_bundle:
+            options["root_certificate"] = self._root_certificate(self.ca_bundle)
+        if proxy := self._proxy():
             options["proxy_url"] = proxy
-            if proxies.excludes:
-                options["proxy_excludes"] = proxies.excludes
+            if self.proxies and self.proxies.excludes:
+                options["proxy_excludes"] = self.proxies.excludes
         return options
+
+    def _root_certificate(self, ca_bundle: str) -> bytes:
+        """The PEM file ``ca_bundle``; an error naming its variable where it cannot be read or
+        holds no certificate."""
+        try:
+            pem = Path(ca_bundle).read_bytes()
+        except OSError as exc:
+            problem = f"cannot read {self.ca_variable}={ca_bundle} ({exc.strerror})"
+        else:
+            if b"-----BEGIN CERTIFICATE-----" in pem:
+                return pem
+            problem = f"{self.ca_variable}={ca_bundle} holds no PEM certificate"
+        raise StoreError(
+            f"{self.uri()}: {problem}; point it at the PEM file of the endpoint's CA", self.uri()
+        )
+
+    def _proxy(self) -> str | None:
+        """The proxy of requests to the endpoint, where one is set: a URL of a host (``host:port``
+        is ``http://host:port``, as curl reads it), else an error (which does not show it: a
+        proxy's URL may hold a password)."""
+        proxy = self.proxies.for_endpoint(self.endpoint_url) if self.proxies else None
+        if proxy and "://" not in proxy:
+            proxy = f"http://{proxy}"
+        if not proxy or urlsplit(proxy).hostname:
+            return proxy
+        raise StoreError(
+            f"{self.uri()}: the proxy set for it (HTTPS_PROXY, HTTP_PROXY or ALL_PROXY) is not "
+            "a URL; write it as http://proxy.example.com:3128",
+            self.uri(),
+        )
 
     def close(self) -> None:
         with self._lock:
@@ -317,8 +339,19 @@ class EngineStore(ObjectStore):
         if code.startswith("5") or code == "429" or _RETRYABLE.search(text):
             return TransientStoreError(f"{uri}: {code or 'retryable'}: {detail}", uri)
         if not code:  # no answer at all: connection refused, reset, timed out
-            return TransientStoreError(f"{uri}: cannot reach {where} ({detail})", uri)
+            return TransientStoreError(f"{uri}: cannot reach {self._route(where)} ({detail})", uri)
         return StoreError(f"{uri}: {detail}", uri)
+
+    def _route(self, where: str) -> str:
+        """``where``, and the proxy its requests go through where one is set (and no
+        ``NO_PROXY`` list may exempt it), without a user or password its URL holds."""
+        proxies = self.proxies
+        proxy = proxies.for_endpoint(self.endpoint_url) if proxies else None
+        if not proxy or (proxies and proxies.excludes):
+            return where
+        parts = urlsplit(proxy)
+        port = f":{parts.port}" if parts.port else ""
+        return f"{where} through the proxy {parts.scheme}://{parts.hostname}{port}"
 
     def _untrusted(self, where: str, reason: str) -> str:
         """Why the certificate of ``where`` was refused, and what to do about it."""
