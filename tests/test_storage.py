@@ -30,6 +30,8 @@ from bt_agent.errors import (
     IntegrityError,
     KeyConflictError,
     NotFoundError,
+    StoreError,
+    TransientStoreError,
     UnsafeKeyError,
 )
 from bt_agent.settings import Environ
@@ -760,6 +762,53 @@ def test_gcs_download_detects_corruption_at_rest(
     with pytest.raises(IntegrityError):
         store.download("dir/model.bin", tmp_path / "model.bin")
     assert not list(tmp_path.iterdir())
+
+
+def test_gcs_emulator_host_as_host_and_port(gcs_server: servers.FakeGCS) -> None:
+    """``STORAGE_EMULATOR_HOST=127.0.0.1:port``, as Google's Go client takes it; one that names
+    no host is an error at once, not an outage to wait out."""
+    bucket = f"b{uuid.uuid4().hex[:12]}"
+    gcs_server.create_bucket(bucket)
+    host = gcs_server.endpoint.removeprefix("http://")
+    with open_store(f"gs://{bucket}/p", Environ({"STORAGE_EMULATOR_HOST": host})) as store:
+        assert store.write_bytes("model.bin", b"weights")
+        assert store.read_bytes("model.bin") == b"weights"
+    garbled = Environ({"STORAGE_EMULATOR_HOST": "not a host"})
+    with open_store(f"gs://{bucket}/p", garbled) as store, pytest.raises(StoreError) as caught:
+        store.list()
+    assert not isinstance(caught.value, TransientStoreError)
+    assert "STORAGE_EMULATOR_HOST='not a host' is not an emulator's address" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "reason"),
+    [
+        ({"type": "service_account"}, "client_email"),
+        (
+            {
+                "type": "service_account",
+                "client_email": "trainer@p.iam.gserviceaccount.com",
+                "token_uri": "https://oauth2.googleapis.com/token",
+                "private_key": "-----BEGIN PRIVATE KEY-----\nc2VjcmV0LTQ3MTE=\n-----END "
+                "PRIVATE KEY-----\n",
+            },
+            "key",
+        ),
+    ],
+    ids=["fields-missing", "key-damaged"],
+)
+def test_a_service_account_key_google_auth_refuses_names_the_secret(
+    key: dict[str, str], reason: str
+) -> None:
+    """A secret that is JSON but no usable key: an error naming the secret and why, at once
+    and never showing the key (google-auth's exception escaped with a traceback before)."""
+    store = open_store("gs://bucket/p", Environ({}), json.dumps(key), "gcs_key")
+    with store, pytest.raises(AccessDeniedError) as caught:
+        store.list()
+    message = str(caught.value)
+    assert "secret 'gcs_key' is not a usable service account key (" in message, message
+    said = message.partition("(")[2]
+    assert reason in said and "c2VjcmV0" not in message, message
 
 
 def test_open_store_urls() -> None:

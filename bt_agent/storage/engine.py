@@ -176,7 +176,7 @@ class EngineStore(ObjectStore):
             if self._engine is None:
                 try:
                     made = self._make_engine()
-                except engine.BaseError as exc:
+                except (engine.BaseError, ValueError) as exc:
                     raise StoreError(
                         f"{self.uri()}: its settings are refused ({_first_line(str(exc))}); "
                         "check its credentials and endpoint",

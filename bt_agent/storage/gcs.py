@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from bt_agent.errors import (
     AccessDeniedError,
@@ -30,6 +31,7 @@ class GCSStore(ObjectStore):
         prefix: str = "",
         *,
         service_account: dict[str, Any] | None = None,
+        secret_name: str = "",
         emulator_host: str | None = None,
         chunk_size: int = 16 * MiB,
         list_page_size: int = 1000,
@@ -38,6 +40,7 @@ class GCSStore(ObjectStore):
         self.prefix = prefix.strip("/")
         self.url = f"gs://{bucket}" + (f"/{self.prefix}" if self.prefix else "")
         self.service_account = service_account
+        self.secret_name = secret_name  # the spec's secret holding ``service_account``
         self.emulator_host = emulator_host
         self.chunk_size = chunk_size
         self.list_page_size = list_page_size
@@ -67,17 +70,43 @@ class GCSStore(ObjectStore):
             return storage.Client(
                 project="bt-agent",
                 credentials=anonymous,
-                client_options={"api_endpoint": self.emulator_host},
+                client_options={"api_endpoint": self._emulator_url(self.emulator_host)},
             )
         if self.service_account is not None:
-            from google.oauth2 import service_account
-
-            load = service_account.Credentials.from_service_account_info
-            credentials = load(self.service_account)  # type: ignore[no-untyped-call]
             return storage.Client(
-                project=self.service_account.get("project_id"), credentials=credentials
+                project=self.service_account.get("project_id"),
+                credentials=self._service_account_credentials(self.service_account),
             )
         return storage.Client()
+
+    def _emulator_url(self, host: str) -> str:
+        """``STORAGE_EMULATOR_HOST`` as a URL (``host:port`` is ``http://host:port``, as
+        Google's Go client reads it); an error at once where it names no host."""
+        url = host if "://" in host else f"http://{host}"
+        if urlsplit(url).hostname and not any(character.isspace() for character in url):
+            return url
+        raise StoreError(
+            f"{self.uri()}: STORAGE_EMULATOR_HOST={host!r} is not an emulator's address; write "
+            "it as http://localhost:4443",
+            self.uri(),
+        )
+
+    def _service_account_credentials(self, info: dict[str, Any]) -> Any:
+        """The credentials of a service account's JSON key; an error naming the secret (never
+        its content) where google-auth cannot use it."""
+        from google.auth import exceptions as auth
+        from google.oauth2 import service_account
+
+        try:
+            load = service_account.Credentials.from_service_account_info
+            return load(info)  # type: ignore[no-untyped-call]
+        except (ValueError, KeyError, auth.GoogleAuthError) as exc:
+            reason = f"missing {exc}" if isinstance(exc, KeyError) else str(exc).split(".")[0]
+            raise AccessDeniedError(
+                f"{self.uri()}: secret {self.secret_name!r} is not a usable service account key "
+                f"({reason}); give the JSON key file that Google Cloud's console downloads",
+                self.uri(),
+            ) from None
 
     def _error(self, exc: Exception, key: str) -> Exception:
         from google.api_core import exceptions as gx

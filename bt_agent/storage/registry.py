@@ -67,6 +67,7 @@ def open_store(
             parsed.netloc,
             parsed.path,
             service_account=account,
+            secret_name=secret_name,
             emulator_host=environ.get("STORAGE_EMULATOR_HOST"),
         )
     if scheme == "hf":
