@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -202,6 +203,31 @@ def test_unknown_hf_revision_is_deploy_failed(
     weights = [{"source": f"hf://{repo}@no-such-tag", "mount_location": "/m"}]
     result = agent.run_job(_job(weights, "true"), env=_env(agent, s3_server, hf_server))
     assert result.code == 3 and "no-such-tag" in result.err
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ({"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set, so the Hub cannot be asked"),
+        ({"HF_ENDPOINT": "hf-mirror.internal"}, "HF_ENDPOINT='hf-mirror.internal' is not a Hub's"),
+    ],
+    ids=["offline", "endpoint-no-url"],
+)
+def test_hub_settings_that_forbid_staging_fail_at_once(
+    agent: Agent,
+    s3_server: servers.SeaweedFS,
+    hf_server: servers.Olah,
+    setting: dict[str, str],
+    said: str,
+) -> None:
+    """Settings under which no request to the Hub can succeed are an error that says which, at
+    once: not an unreachable Hub waited out for ``BT_STORE_OUTAGE_SECONDS``."""
+    weights = [{"source": "hf://org/model", "mount_location": "/m"}]
+    env = {**_env(agent, s3_server, hf_server), **setting, "BT_STORE_OUTAGE_SECONDS": "120"}
+    started = time.monotonic()
+    result = agent.run_job(_job(weights, "true"), env=env)
+    assert result.code == 3 and said in result.err, result.text
+    assert time.monotonic() - started < 60
 
 
 def test_cache_fills_once_under_concurrency(tmp_path: Path) -> None:

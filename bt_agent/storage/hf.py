@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from bt_agent.errors import AccessDeniedError, NotFoundError, StoreError, TransientStoreError
 from bt_agent.storage import http
@@ -39,10 +40,20 @@ class HFStore(ObjectStore):
 
     @property
     def api(self) -> Any:
+        """huggingface_hub's client; ``HF_ENDPOINT`` that names no http(s) host is an error at
+        once (the client would fail each request on it as if the Hub were down)."""
         if self._api is None:
             from huggingface_hub import HfApi
 
-            self._api = HfApi(endpoint=self.endpoint, token=self.token or False)
+            endpoint = self.endpoint
+            parts = urlsplit(endpoint or "https://huggingface.co")
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise StoreError(
+                    f"{self.uri()}: HF_ENDPOINT={endpoint!r} is not a Hub's URL; write it as "
+                    "https://hf-mirror.example.com",
+                    self.uri(),
+                )
+            self._api = HfApi(endpoint=endpoint, token=self.token or False)
         return self._api
 
     def _error(self, exc: Exception, key: str = "") -> Exception:
@@ -66,6 +77,13 @@ class HFStore(ObjectStore):
                 f"{uri}: no repository {self.repo_id!r} with a revision "
                 f"{self.revision!r} (or it is private and the token has no "
                 "access)",
+                uri,
+            )
+        if isinstance(exc, hx.OfflineModeIsEnabled):
+            return StoreError(
+                f"{uri}: HF_HUB_OFFLINE is set, so the Hub cannot be asked which commit "
+                f"{self.revision!r} is; unset it for the agent (each source is pinned to a commit "
+                "it lists, and files it already holds come from the node cache)",
                 uri,
             )
         if isinstance(exc, hx.EntryNotFoundError | hx.RemoteEntryNotFoundError):
