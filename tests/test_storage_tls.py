@@ -437,3 +437,37 @@ def test_a_proxy_that_is_no_url_or_is_down_is_named_without_its_password(
             store.list()
     assert f"through the proxy http://127.0.0.1:{port}" in str(caught.value), caught.value
     assert "hunter2" not in f"{refused} {caught.value}"
+
+
+@pytest.mark.parametrize(
+    ("case", "said"),
+    [
+        ("untrusted", "is not trusted (unable to get local issuer certificate); set SSL_CERT_FILE"),
+        ("other-host", "is for another host name (IP address mismatch"),
+        ("expired", "is not valid now (certificate has expired)"),
+    ],
+)
+def test_an_https_source_whose_certificate_is_refused_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, said: str
+) -> None:
+    """``https://`` weights (the standard library's client) refuse a certificate as the engine
+    does: at once, saying what is wrong with it and what to do, never an outage waited out."""
+    tls = servers.certificates(
+        tmp_path / "tls", ("localhost",), days=-1 if case == "expired" else 2
+    )
+    server = servers.static_https(tmp_path, tls)
+    try:
+        (server.directory / "model.bin").write_bytes(b"weights")
+        if case != "untrusted":
+            monkeypatch.setenv("SSL_CERT_FILE", str(tls.ca))
+        url = server.url("model.bin")
+        if case == "other-host":
+            url = url.replace("localhost", "127.0.0.1")
+        started = time.monotonic()
+        with pytest.raises(StoreError) as caught:
+            open_store(url).list()
+    finally:
+        server.stop()
+    assert not isinstance(caught.value, TransientStoreError)
+    assert time.monotonic() - started < 5
+    assert f"the TLS certificate of {url.rpartition('/')[0]} {said}" in str(caught.value)

@@ -88,6 +88,26 @@ def partial_path(destination: Path) -> Path:
     return destination.with_name(f".{destination.name}.{os.getpid()}.{next(_partials)}.incomplete")
 
 
+def untrusted_certificate(where: str, kind: str, reason: str, variable: str) -> str:
+    """Why the TLS certificate of ``where`` was refused and what to do: ``kind`` is ``expired``
+    (or not valid yet), ``other-host`` (issued for another name) or ``untrusted`` (signed by a
+    CA not trusted, which ``variable`` may name)."""
+    if kind == "expired":
+        return (
+            f"the TLS certificate of {where} is not valid now ({reason}); the endpoint must "
+            "renew it (or this machine's clock is wrong)"
+        )
+    if kind == "other-host":
+        return (
+            f"the TLS certificate of {where} is for another host name ({reason}); use the name "
+            "the certificate was issued for in the URL"
+        )
+    return (
+        f"the TLS certificate of {where} is not trusted ({reason}); set {variable} to the PEM "
+        "file of the CA that signed it"
+    )
+
+
 class HashingReader:
     """Wraps a file: every byte read passes through sha256 once."""
 

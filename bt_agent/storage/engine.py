@@ -43,6 +43,7 @@ from bt_agent.storage.base import (
     ObjectStore,
     U,
     Wanted,
+    untrusted_certificate,
 )
 from bt_agent.storage.flight import DaemonLoop, DaemonPool, InFlight, Pace
 from bt_agent.storage.keys import join_key, relative_key
@@ -354,21 +355,15 @@ class EngineStore(ObjectStore):
         return f"{where} through the proxy {parts.scheme}://{parts.hostname}{port}"
 
     def _untrusted(self, where: str, reason: str) -> str:
-        """Why the certificate of ``where`` was refused, and what to do about it."""
-        if reason.startswith(("Expired", "NotValidYet")):
-            return (
-                f"the TLS certificate of {where} is not valid now ({reason}); the endpoint "
-                "must renew it (or this machine's clock is wrong)"
-            )
-        if reason.startswith("NotValidForName"):
-            return (
-                f"the TLS certificate of {where} is for another host name ({reason}); use the "
-                "name the certificate was issued for in the endpoint URL"
-            )
-        return (
-            f"the TLS certificate of {where} is not trusted ({reason}); "
-            f"set {self.ca_variable} to the PEM file of the CA that signed it"
+        """Why the certificate of ``where`` was refused (rustls' ``reason``), and what to do."""
+        kind = (
+            "expired"
+            if reason.startswith(("Expired", "NotValidYet"))
+            else "other-host"
+            if reason.startswith("NotValidForName")
+            else "untrusted"
         )
+        return untrusted_certificate(where, kind, reason, self.ca_variable)
 
     def _engine_call(self, key: str, call: Callable[[Any], Any]) -> Any:
         try:

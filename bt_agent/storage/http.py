@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import socket
+import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -16,9 +17,11 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from bt_agent.errors import AccessDeniedError, NotFoundError, StoreError, TransientStoreError
-from bt_agent.storage.base import CHUNK, Fetched, ObjectInfo, ObjectStore
+from bt_agent.storage.base import CHUNK, Fetched, ObjectInfo, ObjectStore, untrusted_certificate
 
 TIMEOUT_SECONDS = 60
+#: OpenSSL's verification errors (``X509_V_ERR_*``) that another CA would not mend.
+_CERTIFICATE_KINDS = {9: "expired", 10: "expired", 62: "other-host", 64: "other-host"}
 
 
 def _error(exc: Exception, uri: str) -> StoreError:
@@ -31,6 +34,13 @@ def _error(exc: Exception, uri: str) -> StoreError:
         if code == 429 or code >= 500:
             return TransientStoreError(f"{uri}: HTTP {code} {exc.reason}", uri)
         return StoreError(f"{uri}: HTTP {code} {exc.reason}", uri)
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    if isinstance(reason, ssl.SSLCertVerificationError):  # not an outage: say what to do
+        kind = _CERTIFICATE_KINDS.get(reason.verify_code, "untrusted")
+        where = f"https://{urlparse(uri).netloc}"
+        said = reason.verify_message.rstrip(".")
+        problem = untrusted_certificate(where, kind, said, "SSL_CERT_FILE")
+        return StoreError(f"{uri}: {problem}", uri)
     return TransientStoreError(f"{uri}: cannot connect ({exc})", uri)
 
 
