@@ -471,3 +471,17 @@ def test_an_https_source_whose_certificate_is_refused_says_why(
     assert not isinstance(caught.value, TransientStoreError)
     assert time.monotonic() - started < 5
     assert f"the TLS certificate of {url.rpartition('/')[0]} {said}" in str(caught.value)
+
+
+def test_a_hub_mirror_whose_certificate_is_untrusted_says_so(tmp_path: Path) -> None:
+    """``HF_ENDPOINT`` at a mirror whose CA this machine does not trust: huggingface_hub's
+    client refuses the handshake, and the store says so at once (not an unreachable Hub)."""
+    server = servers.static_https(tmp_path)
+    endpoint = f"https://localhost:{server.port}"
+    try:
+        with pytest.raises(StoreError) as caught:
+            open_store("hf://org/model", Environ({"HF_ENDPOINT": endpoint})).list()
+    finally:
+        server.stop()
+    assert not isinstance(caught.value, TransientStoreError)
+    assert f"the TLS certificate of {endpoint} is not trusted" in str(caught.value)

@@ -99,6 +99,8 @@ class HFStore(ObjectStore):
             if status == 429 or status >= 500:
                 return TransientStoreError(f"{uri}: HTTP {status}", uri)
             return StoreError(f"{uri}: {exc}", uri)
+        if refused := http.certificate_error(exc, uri, self.endpoint or "https://huggingface.co"):
+            return refused
         if (
             isinstance(exc, OSError | ConnectionError | TimeoutError)
             or "httpx" in type(exc).__module__

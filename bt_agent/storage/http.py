@@ -34,14 +34,24 @@ def _error(exc: Exception, uri: str) -> StoreError:
         if code == 429 or code >= 500:
             return TransientStoreError(f"{uri}: HTTP {code} {exc.reason}", uri)
         return StoreError(f"{uri}: HTTP {code} {exc.reason}", uri)
-    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-    if isinstance(reason, ssl.SSLCertVerificationError):  # not an outage: say what to do
-        kind = _CERTIFICATE_KINDS.get(reason.verify_code, "untrusted")
-        where = f"https://{urlparse(uri).netloc}"
-        said = reason.verify_message.rstrip(".")
-        problem = untrusted_certificate(where, kind, said, "SSL_CERT_FILE")
-        return StoreError(f"{uri}: {problem}", uri)
-    return TransientStoreError(f"{uri}: cannot connect ({exc})", uri)
+    return certificate_error(exc, uri) or TransientStoreError(f"{uri}: cannot connect ({exc})", uri)
+
+
+def certificate_error(exc: BaseException, uri: str, url: str = "") -> StoreError | None:
+    """The error for a TLS certificate refused on the way to ``url`` (by default ``uri``),
+    where ``exc`` or what caused it is one: not an outage, so it says what to do."""
+    found: BaseException | None = exc
+    while found is not None and not isinstance(found, ssl.SSLCertVerificationError):
+        reason = found.reason if isinstance(found, urllib.error.URLError) else None
+        found = (
+            reason if isinstance(reason, BaseException) else found.__cause__ or found.__context__
+        )
+    if found is None:
+        return None
+    kind = _CERTIFICATE_KINDS.get(found.verify_code, "untrusted")
+    where = f"https://{urlparse(url or uri).netloc}"
+    said = found.verify_message.rstrip(".")
+    return StoreError(f"{uri}: {untrusted_certificate(where, kind, said, 'SSL_CERT_FILE')}", uri)
 
 
 def request(
