@@ -238,6 +238,15 @@ def test_reindex_restores_the_index_of_an_older_store(agent: Agent) -> None:
     assert warning == ""
 
 
+def test_an_empty_store_lists_nothing_without_a_warning(agent: Agent) -> None:
+    """A store no job has used yet has no index either, but nothing to read job by job: it is
+    not one "written before bt-agent kept one", and nothing is said of reindexing it."""
+    agent.store.mkdir(parents=True, exist_ok=True)
+    for command in (("jobs", "list"), ("checkpoints", "list", "--project", "p")):
+        rows, warning = _cli_json(agent, *command)
+        assert rows == [] and "reindex" not in warning, warning
+
+
 def test_listings_show_the_newest_page(agent: Agent) -> None:
     _workspace(Catalog(FileStore(agent.store)), 8)
     rows, note = _cli_json(agent, "jobs", "list", "--limit", "3")

@@ -764,6 +764,29 @@ def test_gcs_download_detects_corruption_at_rest(
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("service", ["s3", "azure"])
+def test_a_bucket_that_does_not_exist_is_no_missing_object(
+    service: str, request: pytest.FixtureRequest
+) -> None:
+    """A listing or a read in a bucket (container) that does not exist says so, as an error of
+    the store: not a missing object, which callers take as "not there yet" and go on."""
+    if service == "s3":
+        server: servers.SeaweedFS = request.getfixturevalue("s3_server")
+        url = "s3://no-such-bucket-4711/p"
+        environ = Environ(server.client_env())
+    else:
+        azure: servers.Azurite = request.getfixturevalue("azure_server")
+        url = f"azure://{servers.AZURITE_ACCOUNT}/no-such-container/p"
+        environ = Environ({"AZURE_STORAGE_CONNECTION_STRING": azure.connection_string})
+    noun = "bucket" if service == "s3" else "container"
+    with open_store(url, environ) as store:
+        for attempt in (store.list, lambda: store.read_bytes("model.bin")):
+            with pytest.raises(StoreError) as caught:
+                attempt()
+            assert not isinstance(caught.value, NotFoundError | TransientStoreError)
+            assert f"the {noun} of {url} does not exist" in str(caught.value), caught.value
+
+
 def test_gcs_emulator_host_as_host_and_port(gcs_server: servers.FakeGCS) -> None:
     """``STORAGE_EMULATOR_HOST=127.0.0.1:port``, as Google's Go client takes it; one that names
     no host is an error at once, not an outage to wait out."""

@@ -163,18 +163,16 @@ class Catalog:
             for info in self.store.list("jobs/")
             if info.key.count("/") == 1
         ]
+        if ids and not self._warned:  # an empty store has no index yet and loses nothing
+            self._warned = True
+            self.warn(NO_INDEX.format(url=self.store.url))
         views = concurrently(self.view, ids)
         chosen = [v for v in views if project is None or v.job.project == project]
         return sorted(chosen, key=lambda v: v.job.created_at, reverse=True)
 
     def _indexed(self) -> bool:
-        """Whether the index can be read; once per catalogue, warns when it cannot."""
-        if self.index.complete():
-            return True
-        if not self._warned:
-            self._warned = True
-            self.warn(NO_INDEX.format(url=self.store.url))
-        return False
+        """Whether the index can be read (else every job is, which warns once)."""
+        return self.index.complete()
 
     # --- claims, nodes, logs -----------------------------------------------------------------
 

@@ -71,6 +71,7 @@ _CORRUPT = re.compile(
 )
 _CERTIFICATE = re.compile(r"certificate|UnknownIssuer|CertNotValid|NotValidForName", re.I)
 _STATUS = re.compile(r"status code: (\d{3})")
+_NO_CONTAINER = re.compile(r"<Code>(NoSuchBucket|ContainerNotFound)</Code>")
 _RETRYABLE = re.compile(r"SlowDown|RequestTimeout|InternalError|ServiceUnavailable|Throttl|Busy")
 
 
@@ -316,6 +317,12 @@ class EngineStore(ObjectStore):
         status = _STATUS.search(text)
         code = status.group(1) if status else ""
         where = self.endpoint_url or "the service"
+        if _NO_CONTAINER.search(text):  # not an object missing: nothing can be read or written
+            return StoreError(
+                f"{uri}: the {self.container_noun} of {self.url} does not exist; check its name "
+                f"and where requests go ({where})",
+                uri,
+            )
         if isinstance(exc, FileNotFoundError | engine.NotFoundError) or code == "404":
             return NotFoundError(
                 f"{uri} does not exist; check the {self.container_noun} and the path", uri
