@@ -254,40 +254,6 @@ def test_fips_and_dualstack_endpoints_are_the_ones_aws_names(
         proxy.close()
 
 
-def test_a_profile_asks_for_the_dualstack_endpoint(
-    s3_server: servers.SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """No key in the environment: the profile's ``s3`` section asks for dual-stack, as the
-    AWS CLI reads it."""
-    assert s3_server.certificates is not None
-    bucket = _bucket(s3_server)
-    proxy = ForwardProxy(upstream=("127.0.0.1", s3_server.https_port))
-    config = tmp_path / "config"
-    config.write_text(
-        "[profile ipv6]\nregion = us-east-1\n"
-        f"aws_access_key_id = {servers.ACCESS_KEY}\n"
-        f"aws_secret_access_key = {servers.SECRET_KEY}\n"
-        "s3 =\n    use_dualstack_endpoint = true\n"
-    )
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_PROFILE", "ipv6")
-    environ = {
-        "AWS_PROFILE": "ipv6",
-        "AWS_CA_BUNDLE": str(s3_server.certificates.ca),
-        "HTTPS_PROXY": proxy.endpoint,
-    }
-    try:
-        with open_store(f"s3://{bucket}/p", Environ(environ)) as store:
-            assert store.write_bytes("model.bin", b"weights")
-            assert store.read_bytes("model.bin") == b"weights"
-        assert set(proxy.targets) == {"s3.dualstack.us-east-1.amazonaws.com:443"}, proxy.targets
-    finally:
-        proxy.close()
-
-
 def test_a_directory_bucket_goes_to_its_zone(s3_server: servers.SeaweedFS) -> None:
     """A bucket named as S3 Express One Zone names its directory buckets goes to the zonal
     endpoint of its zone. SeaweedFS has no S3 Express (no ``CreateSession``), and its
@@ -345,29 +311,46 @@ def test_coreweave_buckets_are_named_in_the_host(
         proxy.close()
 
 
-def test_a_profile_asks_for_virtual_hosted_requests(
-    s3_server: servers.SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("profile", "host"),
+    [
+        (
+            "region = us-east-1\ns3 =\n    use_dualstack_endpoint = true\n",
+            "s3.dualstack.us-east-1.amazonaws.com",
+        ),
+        (
+            "region = US-EAST-04A\nendpoint_url = https://cwobject.com\n"
+            "s3 =\n    addressing_style = virtual\n",
+            "{bucket}.cwobject.com",
+        ),
+    ],
+    ids=["dualstack", "virtual-hosted"],
+)
+def test_a_profile_chooses_where_requests_go(
+    s3_server: servers.SeaweedFS,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    profile: str,
+    host: str,
 ) -> None:
-    """An ``s3://`` store configured as CoreWeave's documents say (a profile whose
-    ``endpoint_url`` is ``https://cwobject.com`` and whose ``s3`` section has ``addressing_style
-    = virtual``) names the bucket in the host, as the AWS CLI does with that profile."""
+    """No key in the environment: the profile's ``s3`` section asks for dual-stack, or (as
+    CoreWeave's documents have users write it) its ``endpoint_url`` with ``addressing_style =
+    virtual`` names the bucket in the host, as the AWS CLI reads them."""
     assert s3_server.certificates is not None
     bucket = _bucket(s3_server)
     proxy = ForwardProxy(upstream=("127.0.0.1", s3_server.https_port))
     config = tmp_path / "config"
     config.write_text(
-        "[profile cw]\nregion = US-EAST-04A\nendpoint_url = https://cwobject.com\n"
-        f"aws_access_key_id = {servers.ACCESS_KEY}\n"
-        f"aws_secret_access_key = {servers.SECRET_KEY}\n"
-        "s3 =\n    addressing_style = virtual\n"
+        f"[profile p]\naws_access_key_id = {servers.ACCESS_KEY}\n"
+        f"aws_secret_access_key = {servers.SECRET_KEY}\n{profile}"
     )
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_PROFILE", "cw")
+    monkeypatch.setenv("AWS_PROFILE", "p")
     environ = {
-        "AWS_PROFILE": "cw",
+        "AWS_PROFILE": "p",
         "AWS_CA_BUNDLE": str(s3_server.certificates.ca),
         "HTTPS_PROXY": proxy.endpoint,
     }
@@ -375,7 +358,7 @@ def test_a_profile_asks_for_virtual_hosted_requests(
         with open_store(f"s3://{bucket}/p", Environ(environ)) as store:
             assert store.write_bytes("model.bin", b"weights")
             assert store.read_bytes("model.bin") == b"weights"
-        assert set(proxy.targets) == {f"{bucket}.cwobject.com:443"}, proxy.targets
+        assert set(proxy.targets) == {f"{host.format(bucket=bucket)}:443"}, proxy.targets
     finally:
         proxy.close()
 
