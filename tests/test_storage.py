@@ -73,7 +73,9 @@ class Backend:
         return self.make()
 
 
-def _s3(server: servers.SeaweedFS, name: str, request: pytest.FixtureRequest) -> Backend:
+def _s3(
+    server: servers.SeaweedFS, name: str = "s3", request: pytest.FixtureRequest | None = None
+) -> Backend:
     """SeaweedFS as ``name``: s3 (plain http), s3-tls, r2, or cw (CoreWeave's host for each
     bucket, ``<bucket>.cwobject.com``, which a proxy takes to the server's TLS port)."""
     bucket = f"b{uuid.uuid4().hex[:12]}"
@@ -89,6 +91,7 @@ def _s3(server: servers.SeaweedFS, name: str, request: pytest.FixtureRequest) ->
         environ = Environ({"BT_R2_ENDPOINT_URL": server.endpoint})
         url = f"r2://acct123.{bucket}/data"
     elif name == "cw":
+        assert request is not None, "the proxy is closed with the test"
         proxy = ForwardProxy(upstream=("127.0.0.1", server.https_port))
         request.addfinalizer(proxy.close)
         environ = Environ({"HTTPS_PROXY": proxy.endpoint, **trusted})
@@ -253,7 +256,7 @@ def test_closing_a_store_lets_a_download_in_flight_finish(
     """A store closed while another thread's large download is under way (its ranges on the
     range threads, or over TLS on the store's event loop) lets that download finish whole."""
     data = os.urandom(96 * MiB + 5)
-    store, key = _one(_s3(s3_server, tls=tls), data)
+    store, key = _one(_s3(s3_server, "s3-tls" if tls else "s3"), data)
     info = store.stat(key)
     out = tmp_path / "out"
     out.mkdir()
@@ -413,7 +416,7 @@ def test_ranges_are_all_of_the_version_they_began_with(
     """An object replaced while its ranges are fetched (here: just after the request that
     found its version) fails with ChangedError: each range asks for that version
     (``If-Match``), so no file is made of two versions' ranges."""
-    backend = _s3(s3_server, tls=tls)
+    backend = _s3(s3_server, "s3-tls" if tls else "s3")
     store, key = _one(backend, payload(12 * MiB + 7, seed=0))
     assert isinstance(store, S3Store)
     found = store._stat
@@ -518,7 +521,7 @@ def test_s3_ranges_land_at_their_offsets(
     """A large object comes in ranges fetched in parallel, over plain HTTP and over TLS; the
     bytes (random: a range at a wrong offset would show) land where they belong."""
     data = os.urandom(12 * MiB + 7)
-    store, key = _one(_s3(s3_server, tls=tls), data)
+    store, key = _one(_s3(s3_server, "s3-tls" if tls else "s3"), data)
     target = tmp_path / "model.bin"
     store.download(key, target, store.stat(key))
     assert target.read_bytes() == data

@@ -172,21 +172,25 @@ class EngineStore(ObjectStore):
         """obstore's store, built at first use. Settings it refuses (a malformed key, an
         endpoint that is no URL) are a :class:`StoreError` naming the store: no request was
         made, and none would go better for waiting."""
-        from obstore import exceptions as engine
-
         with self._lock:
             if self._engine is None:
-                try:
-                    made = self._make_engine()
-                except (engine.BaseError, ValueError) as exc:
-                    raise StoreError(
-                        f"{self.uri()}: its settings are refused ({_first_line(str(exc))}); "
-                        "check its credentials and endpoint",
-                        self.uri(),
-                    ) from None
-                self._check_endpoint()
-                self._engine = made
+                self._engine = self._checked_engine()
             return self._engine
+
+    def _checked_engine(self) -> Any:
+        """:meth:`_make_engine`'s store, and its endpoint checked."""
+        from obstore import exceptions as engine
+
+        try:
+            made = self._make_engine()
+        except (engine.BaseError, ValueError) as exc:
+            raise StoreError(
+                f"{self.uri()}: its settings are refused ({_first_line(str(exc))}); check its "
+                "credentials and endpoint",
+                self.uri(),
+            ) from None
+        self._check_endpoint()
+        return made
 
     def _check_endpoint(self) -> None:
         """The endpoint, once known, is an http(s) URL of a host (the engine takes any text,
