@@ -806,6 +806,22 @@ def test_gcs_emulator_host_as_host_and_port(gcs_server: servers.FakeGCS) -> None
     assert "STORAGE_EMULATOR_HOST='not a host' is not an emulator's address" in str(caught.value)
 
 
+def test_gcs_without_any_credentials_says_where_they_come_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No secret, no ``GOOGLE_APPLICATION_CREDENTIALS``, no gcloud login and no metadata server:
+    google-auth finds nothing, and that is said at once (it was an outage waited out)."""
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setenv("NO_GCE_CHECK", "True")
+    with (
+        open_store("gs://bucket/p", Environ({})) as store,
+        pytest.raises(AccessDeniedError) as caught,
+    ):
+        store.list()
+    assert "gs://bucket/p: no Google credentials; name a secret" in str(caught.value)
+
+
 @pytest.mark.parametrize(
     ("key", "reason"),
     [

@@ -15,7 +15,7 @@ import pytest
 import servers
 from http_proxy import ForwardProxy
 
-from bt_agent.errors import StoreError, TransientStoreError
+from bt_agent.errors import AccessDeniedError, StoreError, TransientStoreError
 from bt_agent.settings import Environ
 from bt_agent.storage import open_store
 from bt_agent.storage.retry import RetryPolicy
@@ -468,3 +468,39 @@ def test_a_hub_mirror_whose_certificate_is_untrusted_says_so(tmp_path: Path) -> 
         server.stop()
     assert not isinstance(caught.value, TransientStoreError)
     assert f"the TLS certificate of {endpoint} is not trusted" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("profile", "said"),
+    [
+        ("", "no credentials; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
+        (
+            'credential_process = sh -c "echo the SSO session expired >&2; exit 1"\n',
+            "CredentialRetrievalError: Error when retrieving credentials from custom-process: "
+            "the SSO session expired",
+        ),
+    ],
+    ids=["none", "process-fails"],
+)
+def test_credentials_that_cannot_be_had_say_why(
+    s3_server: servers.SeaweedFS,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    profile: str,
+    said: str,
+) -> None:
+    """botocore's chain finds no credentials, or a profile's ``credential_process`` fails: the
+    error is the chain's own (it said "access denied (forbidden); check the credentials and the
+    bucket's policy", as if the service had refused a request)."""
+    config = tmp_path / "config"
+    config.write_text(f"[profile p]\nregion = us-east-1\n{profile}")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_PROFILE", "p")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    environ = Environ({"AWS_PROFILE": "p", "AWS_ENDPOINT_URL": s3_server.endpoint})
+    with open_store("s3://bucket/p", environ) as store, pytest.raises(AccessDeniedError) as caught:
+        store.list()
+    assert str(caught.value).startswith("s3://bucket/p: ") and said in str(caught.value)

@@ -71,6 +71,9 @@ _CORRUPT = re.compile(
 )
 _CERTIFICATE = re.compile(r"certificate|UnknownIssuer|CertNotValid|NotValidForName", re.I)
 _STATUS = re.compile(r"status code: (\d{3})")
+#: A credential provider of ours that failed (botocore's chain: no credentials, an SSO session
+#: expired, a credential_process that failed), as the engine reports it.
+_PROVIDER_FAILED = re.compile(r"credential provider: (\w+): ([^\n]+)")
 _NO_CONTAINER = re.compile(r"<Code>(NoSuchBucket|ContainerNotFound)</Code>")
 _RETRYABLE = re.compile(r"SlowDown|RequestTimeout|InternalError|ServiceUnavailable|Throttl|Busy")
 
@@ -331,6 +334,10 @@ class EngineStore(ObjectStore):
             return NotFoundError(
                 f"{uri} does not exist; check the {self.container_noun} and the path", uri
             )
+        if provider := _PROVIDER_FAILED.search(text):  # the credentials, not the service
+            name, said = provider.groups()
+            own = said if name == "AccessDeniedError" else f"{uri}: {name}: {said}"
+            return AccessDeniedError(own, uri)
         if isinstance(exc, engine.PermissionDeniedError | engine.UnauthenticatedError) or code in (
             "401",
             "403",

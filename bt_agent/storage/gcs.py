@@ -110,6 +110,7 @@ class GCSStore(ObjectStore):
 
     def _error(self, exc: Exception, key: str) -> Exception:
         from google.api_core import exceptions as gx
+        from google.auth.exceptions import DefaultCredentialsError
         from google.resumable_media.common import DataCorruption
 
         uri = self.uri(key)
@@ -127,6 +128,12 @@ class GCSStore(ObjectStore):
             return TransientStoreError(f"{uri}: {exc}", uri)
         if isinstance(exc, gx.GoogleAPICallError):
             return StoreError(f"{uri}: {exc}", uri)
+        if isinstance(exc, DefaultCredentialsError):  # nothing to wait for
+            return AccessDeniedError(
+                f"{uri}: no Google credentials; name a secret holding a service account's JSON "
+                "key (auth_secret_name), or set GOOGLE_APPLICATION_CREDENTIALS",
+                uri,
+            )
         if isinstance(exc, ConnectionError | TimeoutError) or type(exc).__module__.startswith(
             ("requests", "urllib3", "google.auth.exceptions")
         ):
