@@ -790,6 +790,26 @@ def test_a_bucket_that_does_not_exist_is_no_missing_object(
             assert f"the {noun} of {url} does not exist" in str(caught.value), caught.value
 
 
+def test_azure_without_credentials_says_where_they_come_from(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No secret and no ``AZURE_STORAGE_*``: the engine asks the machine's managed identity,
+    which is not there (its endpoint here refuses connections). That is said at once, with
+    where credentials can come from (it was an outage waited out, or "access denied")."""
+    for name in ("CONNECTION_STRING", "ACCOUNT_KEY", "SAS_TOKEN"):
+        monkeypatch.delenv(f"AZURE_STORAGE_{name}", raising=False)
+    monkeypatch.setenv("AZURE_MSI_ENDPOINT", f"http://127.0.0.1:{servers.free_port()}/token")
+    started = time.monotonic()
+    with (
+        open_store("azure://account/models/p", Environ({})) as store,
+        pytest.raises(AccessDeniedError) as caught,
+    ):
+        store.list()
+    message = str(caught.value)
+    assert "no credentials: the machine's managed identity gave none" in message, message
+    assert "or set AZURE_STORAGE_CONNECTION_STRING" in message and time.monotonic() - started < 10
+
+
 def test_gcs_emulator_host_as_host_and_port(gcs_server: servers.FakeGCS) -> None:
     """``STORAGE_EMULATOR_HOST=127.0.0.1:port``, as Google's Go client takes it; one that names
     no host is an error at once, not an outage to wait out."""

@@ -19,6 +19,10 @@ from bt_agent.storage.engine import ENGINE_RETRIES, EngineStore, Proxies, Tuning
 class AzureStore(EngineStore):
     ca_variable = "SSL_CERT_FILE"
     container_noun = "container"
+    credentials_hint = (
+        "name a secret holding the account key, a SAS token or a connection string, or set "
+        "AZURE_STORAGE_CONNECTION_STRING (or AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_TOKEN)"
+    )
 
     def __init__(
         self,

@@ -144,6 +144,7 @@ class EngineStore(ObjectStore):
     max_copy_bytes: int | None = None
     ca_variable = "SSL_CERT_FILE"
     container_noun = "bucket"  # what the service calls the place objects are kept in
+    credentials_hint = "name a secret holding them"  # where else credentials can come from
 
     def __init__(
         self,
@@ -333,6 +334,12 @@ class EngineStore(ObjectStore):
         if isinstance(exc, FileNotFoundError | engine.NotFoundError) or code == "404":
             return NotFoundError(
                 f"{uri} does not exist; check the {self.container_noun} and the path", uri
+            )
+        if "Error performing token request" in text:  # a managed identity's, of no use here
+            return AccessDeniedError(
+                f"{uri}: no credentials: the machine's managed identity gave none ({detail}); "
+                f"{self.credentials_hint}",
+                uri,
             )
         if provider := _PROVIDER_FAILED.search(text):  # the credentials, not the service
             name, said = provider.groups()
