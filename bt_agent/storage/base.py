@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TypeVar
+from urllib.parse import urlsplit
 
 from bt_agent.errors import ChangedError, IntegrityError, NotFoundError, StoreError
 from bt_agent.storage.keys import check_key, join_key
@@ -86,6 +87,13 @@ Page = list[ObjectInfo]  # one page of a listing
 def partial_path(destination: Path) -> Path:
     """A name beside ``destination``, unique to this process and call, for its partial file."""
     return destination.with_name(f".{destination.name}.{os.getpid()}.{next(_partials)}.incomplete")
+
+
+def is_http_url(url: str) -> bool:
+    """Whether ``url`` is an ``http://`` or ``https://`` URL of a host (an endpoint's setting)."""
+    parts = urlsplit(url)
+    spaced = any(character.isspace() for character in url)
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and not spaced
 
 
 def untrusted_certificate(where: str, kind: str, reason: str, variable: str) -> str:

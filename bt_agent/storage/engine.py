@@ -43,6 +43,7 @@ from bt_agent.storage.base import (
     ObjectStore,
     U,
     Wanted,
+    is_http_url,
     untrusted_certificate,
 )
 from bt_agent.storage.flight import DaemonLoop, DaemonPool, InFlight, Pace
@@ -200,11 +201,7 @@ class EngineStore(ObjectStore):
         """The endpoint, once known, is an http(s) URL of a host (the engine takes any text,
         and fails each request on it as if the service were down)."""
         endpoint = self.endpoint_url
-        if endpoint is None:
-            return
-        parts = urlsplit(endpoint)
-        spaced = any(character.isspace() for character in endpoint)
-        if parts.scheme in ("http", "https") and parts.hostname and not spaced:
+        if endpoint is None or is_http_url(endpoint):
             return
         raise StoreError(
             f"{self.uri()}: the endpoint {endpoint!r} is not an http:// or https:// URL; fix "

@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from bt_agent.errors import (
     AccessDeniedError,
@@ -18,7 +17,7 @@ from bt_agent.errors import (
     StoreError,
     TransientStoreError,
 )
-from bt_agent.storage.base import Fetched, HashingReader, ObjectInfo, ObjectStore
+from bt_agent.storage.base import Fetched, HashingReader, ObjectInfo, ObjectStore, is_http_url
 from bt_agent.storage.keys import join_key, relative_key
 
 MiB = 1024 * 1024
@@ -83,7 +82,7 @@ class GCSStore(ObjectStore):
         """``STORAGE_EMULATOR_HOST`` as a URL (``host:port`` is ``http://host:port``, as
         Google's Go client reads it); an error at once where it names no host."""
         url = host if "://" in host else f"http://{host}"
-        if urlsplit(url).hostname and not any(character.isspace() for character in url):
+        if is_http_url(url):
             return url
         raise StoreError(
             f"{self.uri()}: STORAGE_EMULATOR_HOST={host!r} is not an emulator's address; write "

@@ -10,12 +10,13 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from bt_agent.errors import AccessDeniedError, NotFoundError, StoreError, TransientStoreError
 from bt_agent.storage import http
-from bt_agent.storage.base import Fetched, ObjectInfo, ObjectStore
+from bt_agent.storage.base import Fetched, ObjectInfo, ObjectStore, is_http_url
 from bt_agent.storage.keys import check_key
+
+HUB = "https://huggingface.co"  # where requests go without HF_ENDPOINT
 
 
 class HFStore(ObjectStore):
@@ -46,8 +47,7 @@ class HFStore(ObjectStore):
             from huggingface_hub import HfApi
 
             endpoint = self.endpoint
-            parts = urlsplit(endpoint or "https://huggingface.co")
-            if parts.scheme not in ("http", "https") or not parts.hostname:
+            if not is_http_url(endpoint or HUB):
                 raise StoreError(
                     f"{self.uri()}: HF_ENDPOINT={endpoint!r} is not a Hub's URL; write it as "
                     "https://hf-mirror.example.com",
@@ -99,7 +99,7 @@ class HFStore(ObjectStore):
             if status == 429 or status >= 500:
                 return TransientStoreError(f"{uri}: HTTP {status}", uri)
             return StoreError(f"{uri}: {exc}", uri)
-        if refused := http.certificate_error(exc, uri, self.endpoint or "https://huggingface.co"):
+        if refused := http.certificate_error(exc, uri, self.endpoint or HUB):
             return refused
         if (
             isinstance(exc, OSError | ConnectionError | TimeoutError)
