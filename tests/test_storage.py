@@ -842,6 +842,55 @@ def test_gcs_without_any_credentials_says_where_they_come_from(
     assert "gs://bucket/p: no Google credentials; name a secret" in str(caught.value)
 
 
+def test_gcs_credentials_google_refuses_are_no_outage(tmp_path: Path) -> None:
+    """A service account whose key was deleted: Google's token endpoint answers
+    ``invalid_grant``, and that is said at once (it was an outage waited out). Google's OAuth
+    server cannot run here: a one-answer HTTP server stands in for it (the key's ``token_uri``),
+    answering as Google does; the key itself is a real RSA key, signed with by google-auth."""
+    import http.server
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = b'{"error": "invalid_grant", "error_description": "Invalid JWT Signature."}'
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    pem = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    key = {
+        "type": "service_account",
+        "project_id": "p",
+        "private_key_id": "k1",
+        "private_key": pem.decode(),
+        "client_email": "trainer@p.iam.gserviceaccount.com",
+        "token_uri": f"http://127.0.0.1:{server.server_port}/token",
+    }
+    started = time.monotonic()
+    try:
+        store = open_store("gs://bucket/p", Environ({}), json.dumps(key), "gcs_key")
+        with store, pytest.raises(AccessDeniedError) as caught:
+            store.list()
+    finally:
+        server.shutdown()
+    assert "Google refused the service account's credentials (invalid_grant" in str(caught.value)
+    assert time.monotonic() - started < 10 and "PRIVATE KEY" not in str(caught.value)
+
+
 @pytest.mark.parametrize(
     ("key", "reason"),
     [

@@ -109,7 +109,7 @@ class GCSStore(ObjectStore):
 
     def _error(self, exc: Exception, key: str) -> Exception:
         from google.api_core import exceptions as gx
-        from google.auth.exceptions import DefaultCredentialsError
+        from google.auth.exceptions import DefaultCredentialsError, RefreshError
         from google.resumable_media.common import DataCorruption
 
         uri = self.uri(key)
@@ -127,6 +127,13 @@ class GCSStore(ObjectStore):
             return TransientStoreError(f"{uri}: {exc}", uri)
         if isinstance(exc, gx.GoogleAPICallError):
             return StoreError(f"{uri}: {exc}", uri)
+        if isinstance(exc, RefreshError) and not exc.retryable:  # the key, not the network
+            said = exc.args[0] if exc.args and isinstance(exc.args[0], str) else "no reason given"
+            return AccessDeniedError(
+                f"{uri}: Google refused the service account's credentials ({said.rstrip('.')}); "
+                "check that its key is current (not deleted or disabled)",
+                uri,
+            )
         if isinstance(exc, DefaultCredentialsError):  # nothing to wait for
             return AccessDeniedError(
                 f"{uri}: no Google credentials; name a secret holding a service account's JSON "
