@@ -420,6 +420,12 @@ def test_a_proxy_that_is_no_url_or_is_down_is_named_without_its_password(
             store.list()
     assert f"through the proxy http://127.0.0.1:{port}" in str(caught.value), caught.value
     assert "hunter2" not in f"{refused} {caught.value}"
+    bare = Environ({**trusted, "HTTPS_PROXY": f"127.0.0.1:{port}"})  # host:port, as curl takes it
+    with open_store("s3://bucket/x", bare, SECRET, "c") as store:
+        store.policy = RetryPolicy(attempts=1)
+        with pytest.raises(TransientStoreError) as named:
+            store.list()
+    assert f"through the proxy http://127.0.0.1:{port}" in str(named.value), named.value
 
 
 @pytest.mark.parametrize(

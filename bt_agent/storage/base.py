@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import BinaryIO, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from bt_agent.errors import ChangedError, IntegrityError, NotFoundError, StoreError
@@ -28,6 +28,8 @@ CHUNK = 1024 * 1024
 _partials = itertools.count()  # names this process's partial files apart (with its pid)
 U = TypeVar("U", bound="Upload")
 S = TypeVar("S", bound="ObjectStore")
+#: Why a TLS certificate was refused: one another CA would not mend, or one it would.
+Refusal = Literal["expired", "other-host", "untrusted"]
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ def is_http_url(url: str) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.hostname) and not spaced
 
 
-def untrusted_certificate(where: str, kind: str, reason: str, variable: str) -> str:
+def untrusted_certificate(where: str, kind: Refusal, reason: str, variable: str) -> str:
     """Why the TLS certificate of ``where`` was refused and what to do: ``kind`` is ``expired``
     (or not valid yet), ``other-host`` (issued for another name) or ``untrusted`` (signed by a
     CA not trusted, which ``variable`` may name)."""

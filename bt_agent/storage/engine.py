@@ -41,6 +41,7 @@ from bt_agent.storage.base import (
     Finished,
     ObjectInfo,
     ObjectStore,
+    Refusal,
     U,
     Wanted,
     is_http_url,
@@ -368,9 +369,8 @@ class EngineStore(ObjectStore):
     def _route(self, where: str) -> str:
         """``where``, and the proxy its requests go through where one is set (and no
         ``NO_PROXY`` list may exempt it), without a user or password its URL holds."""
-        proxies = self.proxies
-        proxy = proxies.for_endpoint(self.endpoint_url) if proxies else None
-        if not proxy or (proxies and proxies.excludes):
+        proxy = self._proxy()
+        if not proxy or (self.proxies and self.proxies.excludes):
             return where
         parts = urlsplit(proxy)
         port = f":{parts.port}" if parts.port else ""
@@ -378,7 +378,7 @@ class EngineStore(ObjectStore):
 
     def _untrusted(self, where: str, reason: str) -> str:
         """Why the certificate of ``where`` was refused (rustls' ``reason``), and what to do."""
-        kind = (
+        kind: Refusal = (
             "expired"
             if reason.startswith(("Expired", "NotValidYet"))
             else "other-host"

@@ -17,11 +17,23 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from bt_agent.errors import AccessDeniedError, NotFoundError, StoreError, TransientStoreError
-from bt_agent.storage.base import CHUNK, Fetched, ObjectInfo, ObjectStore, untrusted_certificate
+from bt_agent.storage.base import (
+    CHUNK,
+    Fetched,
+    ObjectInfo,
+    ObjectStore,
+    Refusal,
+    untrusted_certificate,
+)
 
 TIMEOUT_SECONDS = 60
 #: OpenSSL's verification errors (``X509_V_ERR_*``) that another CA would not mend.
-_CERTIFICATE_KINDS = {9: "expired", 10: "expired", 62: "other-host", 64: "other-host"}
+_CERTIFICATE_KINDS: dict[int, Refusal] = {
+    9: "expired",
+    10: "expired",
+    62: "other-host",
+    64: "other-host",
+}
 
 
 def _error(exc: Exception, uri: str) -> StoreError:
