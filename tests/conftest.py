@@ -69,8 +69,22 @@ def azure_server(server_root: Path) -> Iterator[servers.Azurite]:
 
 
 @pytest.fixture(scope="session")
+def azure_tls_server(server_root: Path) -> Iterator[servers.Azurite]:
+    server = servers.azurite(server_root, tls=True)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def gcs_server(server_root: Path) -> Iterator[servers.FakeGCS]:
     server = servers.fake_gcs(server_root)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_tls_server(server_root: Path) -> Iterator[servers.FakeGCS]:
+    server = servers.fake_gcs(server_root, tls=True)
     yield server
     server.stop()
 

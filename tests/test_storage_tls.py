@@ -510,3 +510,52 @@ def test_credentials_that_cannot_be_had_say_why(
     with open_store("s3://bucket/p", environ) as store, pytest.raises(AccessDeniedError) as caught:
         store.list()
     assert str(caught.value).startswith("s3://bucket/p: ") and said in str(caught.value)
+
+
+@pytest.mark.parametrize("service", ["gs", "azure"])
+@pytest.mark.parametrize("trusted", ["other-ca", "none"])
+def test_gcs_and_azure_refuse_an_untrusted_certificate_at_once(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    service: str,
+    trusted: str,
+) -> None:
+    """gs:// (google-cloud-storage, through requests) and azure:// (the engine) over https, the
+    server's CA not trusted (another CA given, or none): listing and writing are each a clear
+    error at once, naming the endpoint and the variable that trusts a CA (they used to be
+    an unreachable store for gs://, its listing retried for minutes), and nothing is written."""
+    other = servers.certificates(tmp_path / "other-ca")
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    if service == "gs":
+        gcs: servers.FakeGCS = request.getfixturevalue("gcs_tls_server")
+        bucket = f"t{uuid.uuid4().hex[:12]}"
+        gcs.create_bucket(bucket)
+        if trusted == "other-ca":
+            monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(other.ca))
+        url, variable = f"gs://{bucket}/p", "REQUESTS_CA_BUNDLE"
+        store = open_store(url, Environ({"STORAGE_EMULATOR_HOST": gcs.endpoint}))
+        endpoint, objects = gcs.endpoint, gcs.data / bucket
+    else:
+        azure: servers.Azurite = request.getfixturevalue("azure_tls_server")
+        container = f"t{uuid.uuid4().hex[:12]}"
+        azure.create_container(container)
+        url, variable = f"azure://{servers.AZURITE_ACCOUNT}/{container}/p", "SSL_CERT_FILE"
+        environ = Environ({"SSL_CERT_FILE": str(other.ca)} if trusted == "other-ca" else {})
+        store = open_store(url, environ, azure.connection_string, "azure_creds")
+        endpoint, objects = azure.endpoint, None
+    for step in (store.list, lambda: store.write_bytes("model.bin", b"weights")):
+        started = time.monotonic()
+        with pytest.raises(StoreError) as caught:
+            step()
+        assert time.monotonic() - started < 10, "a certificate error is not waited out"
+        assert not isinstance(caught.value, TransientStoreError), caught.value
+        message = str(caught.value)
+        assert f"the TLS certificate of {endpoint}" in message, message
+        assert "is not trusted" in message and f"set {variable} to the PEM file" in message
+    if objects is not None:
+        assert not any(objects.rglob("*model.bin*"))
+    else:
+        trusting = Environ({"SSL_CERT_FILE": str(azure.tls.ca)} if azure.tls else {})
+        with open_store(url, trusting, azure.connection_string, "azure_creds") as seen:
+            assert seen.list() == []

@@ -1,7 +1,9 @@
 """``gs://bucket/prefix``: google-cloud-storage, imported only when a store is opened.
 
 Uploads send crc32c, which the service verifies; downloads are checked against it by the
-library. ``STORAGE_EMULATOR_HOST`` points at an emulator (anonymous credentials there).
+library. ``STORAGE_EMULATOR_HOST`` points at an emulator (anonymous credentials there). Its
+client is requests', which trusts the CA of ``REQUESTS_CA_BUNDLE`` (a TLS-inspecting proxy's);
+every request is tried once by the library, and retried by the caller's policy.
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ from bt_agent.errors import (
     StoreError,
     TransientStoreError,
 )
+from bt_agent.storage import http
 from bt_agent.storage.base import Fetched, HashingReader, ObjectInfo, ObjectStore, is_http_url
 from bt_agent.storage.keys import join_key, relative_key
 
 MiB = 1024 * 1024
+GCS_ENDPOINT = "https://storage.googleapis.com"
+CA_VARIABLE = "REQUESTS_CA_BUNDLE"  # the CAs requests trusts, where not its own (certifi's)
 
 
 class GCSStore(ObjectStore):
@@ -69,7 +74,7 @@ class GCSStore(ObjectStore):
             return storage.Client(
                 project="bt-agent",
                 credentials=anonymous,
-                client_options={"api_endpoint": self._emulator_url(self.emulator_host)},
+                client_options={"api_endpoint": self.endpoint},
             )
         if self.service_account is not None:
             return storage.Client(
@@ -77,6 +82,11 @@ class GCSStore(ObjectStore):
                 credentials=self._service_account_credentials(self.service_account),
             )
         return storage.Client()
+
+    @property
+    def endpoint(self) -> str:
+        """Where requests go: the emulator's address, else Google's."""
+        return self._emulator_url(self.emulator_host) if self.emulator_host else GCS_ENDPOINT
 
     def _emulator_url(self, host: str) -> str:
         """``STORAGE_EMULATOR_HOST`` as a URL (``host:port`` is ``http://host:port``, as
@@ -134,6 +144,8 @@ class GCSStore(ObjectStore):
                 "check that its key is current (not deleted or disabled)",
                 uri,
             )
+        if refused := http.certificate_error(exc, uri, self.endpoint, CA_VARIABLE):
+            return refused
         if isinstance(exc, DefaultCredentialsError):  # nothing to wait for
             return AccessDeniedError(
                 f"{uri}: no Google credentials; name a secret holding a service account's JSON "
@@ -154,7 +166,7 @@ class GCSStore(ObjectStore):
         try:
             blobs = list(
                 self.bucket.client.list_blobs(
-                    self.bucket_name, prefix=full, page_size=self.list_page_size
+                    self.bucket_name, prefix=full, page_size=self.list_page_size, retry=None
                 )
             )
         except Exception as exc:
@@ -171,7 +183,7 @@ class GCSStore(ObjectStore):
 
     def _blob(self, key: str) -> Any:
         try:
-            blob = self.bucket.get_blob(self._key(key))
+            blob = self.bucket.get_blob(self._key(key), retry=None)
         except Exception as exc:
             raise self._error(exc, key) from exc
         if blob is None:

@@ -49,12 +49,15 @@ def _error(exc: Exception, uri: str) -> StoreError:
     return certificate_error(exc, uri) or TransientStoreError(f"{uri}: cannot connect ({exc})", uri)
 
 
-def certificate_error(exc: BaseException, uri: str, url: str = "") -> StoreError | None:
+def certificate_error(
+    exc: BaseException, uri: str, url: str = "", variable: str = "SSL_CERT_FILE"
+) -> StoreError | None:
     """The error for a TLS certificate refused on the way to ``url`` (by default ``uri``),
-    where ``exc`` or what caused it is one: not an outage, so it says what to do."""
+    where ``exc`` or what caused it is one: not an outage, so it says what to do (``variable``:
+    what trusts another CA in the client that refused it)."""
     found: BaseException | None = exc
     while found is not None and not isinstance(found, ssl.SSLCertVerificationError):
-        reason = found.reason if isinstance(found, urllib.error.URLError) else None
+        reason = getattr(found, "reason", None)  # urllib's URLError, urllib3's MaxRetryError
         found = (
             reason if isinstance(reason, BaseException) else found.__cause__ or found.__context__
         )
@@ -63,7 +66,7 @@ def certificate_error(exc: BaseException, uri: str, url: str = "") -> StoreError
     kind = _CERTIFICATE_KINDS.get(found.verify_code, "untrusted")
     where = f"https://{urlparse(url or uri).netloc}"
     said = found.verify_message.rstrip(".")
-    return StoreError(f"{uri}: {untrusted_certificate(where, kind, said, 'SSL_CERT_FILE')}", uri)
+    return StoreError(f"{uri}: {untrusted_certificate(where, kind, said, variable)}", uri)
 
 
 def request(
