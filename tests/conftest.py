@@ -99,6 +99,15 @@ def hf_server(server_root: Path) -> Iterator[servers.Olah]:
 
 
 @pytest.fixture(scope="session")
+def hf_tls_server(server_root: Path) -> Iterator[servers.Olah]:
+    mirrors = server_root / "mirrors-tls"
+    mirrors.mkdir()
+    server = servers.olah(server_root, mirrors, tls=True)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def https_server(server_root: Path) -> Iterator[servers.StaticHTTPS]:
     server = servers.static_https(server_root)
     yield server

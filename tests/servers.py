@@ -336,26 +336,40 @@ def fake_gcs(root: Path, tls: bool = False) -> FakeGCS:
 @dataclass
 class Olah(Server):
     mirrors: Path = Path()
+    tls: Certificates | None = None  # over https, its certificate signed by ``tls.ca``
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
 
-def olah(root: Path, mirrors: Path) -> Olah:
+def olah(root: Path, mirrors: Path, tls: bool = False) -> Olah:
+    """olah serving the git repositories under ``mirrors``, over plain http or with ``tls``
+    over https (a certificate of a CA of the test's own, which clients trust through
+    ``SSL_CERT_FILE``)."""
     olah_cli = require("olah-cli", "pip install olah")
+    root = root / "olah-tls" if tls else root
+    root.mkdir(parents=True, exist_ok=True)
     port = free_port()
+    certificate = certificates(root / "tls") if tls else None
+    secured = (
+        f'ssl-key = "{certificate.key}"\nssl-cert = "{certificate.cert}"\nmirror-scheme = "https"\n'
+        if certificate
+        else ""
+    )
     config = root / "olah.toml"
     config.write_text(
         "[basic]\n"
-        f'host = "127.0.0.1"\nport = {port}\n'
+        f'host = "127.0.0.1"\nport = {port}\n{secured}'
         f'mirror-netloc = "127.0.0.1:{port}"\nmirror-lfs-netloc = "127.0.0.1:{port}"\n'
         f'repos-path = "{root / "olah-repos"}"\n'
         f'mirrors-path = ["{mirrors}"]\n'
         "[accessibility]\noffline = true\n"
     )
     argv = [olah_cli, "--config", str(config)]
-    server = Olah(argv, port, root / "olah.log", ready_timeout=60, mirrors=mirrors, cwd=root)
+    server = Olah(
+        argv, port, root / "olah.log", ready_timeout=60, mirrors=mirrors, cwd=root, tls=certificate
+    )
     return server.start()  # type: ignore[return-value]
 
 

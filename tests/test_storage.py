@@ -3,7 +3,8 @@
 file:// (a directory), s3:// (SeaweedFS, over http and https), r2:// and cw:// (the same
 SeaweedFS through the R2 endpoint override and CoreWeave's host names), gs:// (fake-gcs-server,
 over http and https), azure:// (Azurite, over http and https), hf:// (olah serving local git
-repositories) and https:// (a ranged static file server with a certificate of a test CA).
+repositories, over http and https) and https:// (a ranged static file server with a certificate
+of a test CA).
 """
 
 from __future__ import annotations
@@ -56,9 +57,10 @@ SMALL_TUNING = Tuning(
 )
 # "s3-tls" is the same SeaweedFS over https, its certificate trusted through AWS_CA_BUNDLE;
 # "cw" the same again as CoreWeave (the bucket in the host, through a proxy: _s3); "gs-tls" and
-# "azure-tls" are fake-gcs-server and Azurite over https (REQUESTS_CA_BUNDLE, SSL_CERT_FILE).
+# "azure-tls" are fake-gcs-server and Azurite over https (REQUESTS_CA_BUNDLE, SSL_CERT_FILE),
+# "hf-tls" olah over https (SSL_CERT_FILE).
 WRITABLE = ["file", "s3", "s3-tls", "r2", "cw", "gs", "gs-tls", "azure", "azure-tls"]
-TREES = [*WRITABLE, "hf"]  # https:// is one file per URL
+TREES = [*WRITABLE, "hf", "hf-tls"]  # https:// is one file per URL
 ALL = [*TREES, "https"]
 
 
@@ -159,11 +161,15 @@ def _azure(server: servers.Azurite) -> Backend:
     )
 
 
-def _hf(server: servers.Olah) -> Backend:
+def _hf(server: servers.Olah, monkeypatch: pytest.MonkeyPatch) -> Backend:
+    """olah; over https, its CA trusted as huggingface_hub's client trusts one (``SSL_CERT_FILE``,
+    which it reads from the process's environment)."""
     repo = f"org/model-{uuid.uuid4().hex[:8]}"
     environ = Environ({"HF_ENDPOINT": server.endpoint})
+    if server.tls:
+        monkeypatch.setenv("SSL_CERT_FILE", str(server.tls.ca))
     return Backend(
-        "hf",
+        "hf-tls" if server.tls else "hf",
         lambda: open_store(f"hf://{repo}", environ),
         lambda files: servers.hf_repo(server.mirrors, repo, files) and None,
     )
@@ -210,8 +216,9 @@ def backend(
     if name in ("azure", "azure-tls"):
         fixture = "azure_tls_server" if name == "azure-tls" else "azure_server"
         return _azure(request.getfixturevalue(fixture))
-    if name == "hf":
-        return _hf(request.getfixturevalue("hf_server"))
+    if name in ("hf", "hf-tls"):
+        fixture = "hf_tls_server" if name == "hf-tls" else "hf_server"
+        return _hf(request.getfixturevalue(fixture), monkeypatch)
     return _https(request.getfixturevalue("https_server"), monkeypatch)
 
 
