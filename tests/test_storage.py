@@ -161,13 +161,19 @@ def _azure(server: servers.Azurite) -> Backend:
     )
 
 
-def _hf(server: servers.Olah, monkeypatch: pytest.MonkeyPatch) -> Backend:
+def _hf(server: servers.Olah, request: pytest.FixtureRequest) -> Backend:
     """olah; over https, its CA trusted as huggingface_hub's client trusts one (``SSL_CERT_FILE``,
-    which it reads from the process's environment)."""
+    read from the process's environment when the library makes its client, which it keeps: so
+    the client is made again for the test, and after it)."""
     repo = f"org/model-{uuid.uuid4().hex[:8]}"
     environ = Environ({"HF_ENDPOINT": server.endpoint})
     if server.tls:
+        from huggingface_hub.utils import close_session
+
+        monkeypatch = request.getfixturevalue("monkeypatch")
         monkeypatch.setenv("SSL_CERT_FILE", str(server.tls.ca))
+        close_session()
+        request.addfinalizer(close_session)
     return Backend(
         "hf-tls" if server.tls else "hf",
         lambda: open_store(f"hf://{repo}", environ),
@@ -218,7 +224,7 @@ def backend(
         return _azure(request.getfixturevalue(fixture))
     if name in ("hf", "hf-tls"):
         fixture = "hf_tls_server" if name == "hf-tls" else "hf_server"
-        return _hf(request.getfixturevalue(fixture), monkeypatch)
+        return _hf(request.getfixturevalue(fixture), request)
     return _https(request.getfixturevalue("https_server"), monkeypatch)
 
 
