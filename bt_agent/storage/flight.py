@@ -31,8 +31,8 @@ class InFlight(Generic[R]):
     each call ``pace`` allows at once) each take the next call from a queue that the caller
     keeps ahead of them, by up to as many calls again, so that a thread goes from one call to
     the next without waiting to be handed it. (Handing each call to a thread as another ended
-    put both to sleep and woke them for every call; for many small objects that cost more
-    than the calls.) A second drive on the same pool while one goes on gets its threads as the
+    put both threads to sleep and woke them again for every call, a cost the size of a small
+    object's own.) A second drive on the same pool while one goes on gets its threads as the
     first's end."""
 
     def __init__(self, pool: DaemonPool, pace: Pace, budget: int, largest: int) -> None:
