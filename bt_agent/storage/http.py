@@ -56,11 +56,14 @@ def certificate_error(
     where ``exc`` or what caused it is one: not an outage, so it says what to do (``variable``:
     what trusts another CA in the client that refused it)."""
     found: BaseException | None = exc
+    seen: set[int] = set()  # a chain of causes that turns back on itself ends there
     while found is not None and not isinstance(found, ssl.SSLCertVerificationError):
+        seen.add(id(found))
         reason = getattr(found, "reason", None)  # urllib's URLError, urllib3's MaxRetryError
         found = (
             reason if isinstance(reason, BaseException) else found.__cause__ or found.__context__
         )
+        found = None if found is not None and id(found) in seen else found
     if found is None:
         return None
     kind = _CERTIFICATE_KINDS.get(found.verify_code, "untrusted")
