@@ -83,6 +83,15 @@ class Server:
     ready_timeout: float = 30.0
     process: subprocess.Popen[bytes] | None = None
     cwd: Path | None = None  # where it may write files of its own (olah writes logs/ there)
+    tls: Certificates | None = None  # serving https, its certificate signed by ``tls.ca``
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    def trusting(self) -> ssl.SSLContext | None:
+        """A client's TLS context that trusts this server's certificate (None: plain http)."""
+        return ssl.create_default_context(cafile=str(self.tls.ca)) if self.tls else None
 
     def start(self) -> Server:
         with open(self.log, "ab") as out:
@@ -276,25 +285,21 @@ def _wait_for_s3(server: SeaweedFS, timeout: float = 60) -> None:
 @dataclass
 class FakeGCS(Server):
     data: Path = Path()
-    tls: Certificates | None = None  # over https, its certificate signed by ``tls.ca``
 
     @property
     def endpoint(self) -> str:
-        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def create_bucket(self, name: str) -> None:
         """One JSON API request (anonymous, as the emulator takes it): seeding, done outside
         the code under test."""
-        _post(f"{self.endpoint}/storage/v1/b?project=test", {"name": name}, self.tls)
-
-
-def _post(url: str, body: dict[str, str], tls: Certificates | None) -> None:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    context = ssl.create_default_context(cafile=str(tls.ca)) if tls else None
-    with urllib.request.urlopen(request, context=context) as answer:
-        assert answer.status == 200, answer.status
+        request = urllib.request.Request(
+            f"{self.endpoint}/storage/v1/b?project=test",
+            data=json.dumps({"name": name}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, context=self.trusting()) as answer:
+            assert answer.status == 200, answer.status
 
 
 def fake_gcs(root: Path, tls: bool = False) -> FakeGCS:
@@ -336,11 +341,10 @@ def fake_gcs(root: Path, tls: bool = False) -> FakeGCS:
 @dataclass
 class Olah(Server):
     mirrors: Path = Path()
-    tls: Certificates | None = None  # over https, its certificate signed by ``tls.ca``
 
     @property
     def endpoint(self) -> str:
-        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
 
 def olah(root: Path, mirrors: Path, tls: bool = False) -> Olah:
@@ -442,15 +446,9 @@ AZURITE_KEY = (
 
 @dataclass
 class Azurite(Server):
-    tls: Certificates | None = None  # over https, its certificate signed by ``tls.ca``
-
     @property
     def endpoint(self) -> str:
         return f"{self.scheme}://127.0.0.1:{self.port}/{AZURITE_ACCOUNT}"
-
-    @property
-    def scheme(self) -> str:
-        return "https" if self.tls else "http"
 
     @property
     def connection_string(self) -> str:
@@ -486,8 +484,7 @@ class Azurite(Server):
                 "Content-Length": "0",
             },
         )
-        context = ssl.create_default_context(cafile=str(self.tls.ca)) if self.tls else None
-        with urllib.request.urlopen(request, context=context) as answer:
+        with urllib.request.urlopen(request, context=self.trusting()) as answer:
             assert answer.status == 201, answer.status
 
 
