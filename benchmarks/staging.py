@@ -2,13 +2,15 @@
 (node cache filled, fresh mount) for models of two sizes and for many small files, in one run.
 
     python benchmarks/staging.py [--model-gib 2] [--large-gib 8] [--small-count 5000] [--tls]
+        [--store-http2]
 
 Cold and warm staging are timed inside the agent process (the DEPLOYING phase itself, after
 imports); cold is the median of three runs from an empty cache, each beside an s5cmd run (whose
 median it is compared with; which of the two goes first alternates); warm is the median of
 three fresh mounts; s5cmd is timed as a whole command.
 With ``--tls`` the store is SeaweedFS's TLS port (its certificate signed by a CA of the run's
-own, trusted by both through ``AWS_CA_BUNDLE``).
+own, trusted by both through ``AWS_CA_BUNDLE``), speaking HTTP/1.1 as AWS S3 and R2 do
+(``--store-http2``: offering HTTP/2 too).
 Targets: cold at least 1.0x s5cmd's throughput; warm at most 0.05 s for either model.
 """
 
@@ -25,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import compile_agent, evict, table, write_json
+from _common import STORE_HTTP2_HELP, compile_agent, evict, table, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -96,6 +98,7 @@ def main() -> int:
     parser.add_argument("--large-gib", type=int, default=8)
     parser.add_argument("--small-count", type=int, default=5000)
     parser.add_argument("--tls", action="store_true", help="stage over https")
+    parser.add_argument("--store-http2", action="store_true", help=STORE_HTTP2_HELP)
     args = parser.parse_args()
     compile_agent()
     if shutil.which("s5cmd") is None:
@@ -103,7 +106,7 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bt-staging-", dir=os.environ.get("BENCH_DIR")) as t:
         work = Path(t)
-        server = servers.seaweedfs(work / "server")
+        server = servers.seaweedfs(work / "server", http2=args.store_http2)
         env = {**os.environ, **server.client_env(tls=args.tls)}
         endpoint = env["AWS_ENDPOINT_URL"]
         try:
@@ -177,7 +180,9 @@ def main() -> int:
     ]
     print(table(rows, columns))
     print("\ntargets: cold_vs_s5cmd >= 1.0 (throughput ratio); warm_s <= 0.05 for both models")
-    path = write_json("staging_tls" if args.tls else "staging", {"rows": rows})
+    path = write_json(
+        "staging_tls" if args.tls else "staging", {"store_http2": args.store_http2, "rows": rows}
+    )
     print(f"wrote {path}")
     return 0
 

