@@ -616,9 +616,9 @@ with open_store(sys.argv[1]) as store:
 def test_s3_downloads_over_tls_at_once_hold_bounded_memory(
     s3_server: servers.SeaweedFS, tmp_path: Path
 ) -> None:
-    """Over TLS each range is read whole before it is written: the ranges held at once are
-    bounded per store, not per download (eight 40 MiB files at once, as staging fetches them,
-    would hold each file's ranges otherwise)."""
+    """Over TLS the engine joins each range's body into pieces before they are written: the
+    ranges at once are bounded per store, not per download (eight 40 MiB files at once, as
+    staging fetches them, would hold each file's pieces otherwise)."""
     bucket = f"b{uuid.uuid4().hex[:12]}"
     s3_server.create_bucket(bucket)
     client = s3_server.client()

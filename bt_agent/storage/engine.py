@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 #: One object of a batch download: its body (or why there is none) and what its answer said.
 _Fetched = tuple[Wanted, memoryview | Exception, Fetched]
 MiB = 1024 * 1024
-WRITE_PIECE = 64 * 1024  # a range read whole is written in pieces of this size
+WRITE_PIECE = 64 * 1024  # a piece of a range over TLS is written in writes of this size
 MAX_PARTS = 10_000
 SHA256_META = "sha256"
 #: The engine's own retries of one request (ours, with their longer backoff, come on top).
@@ -93,9 +93,11 @@ class Tuning:
     store.
 
     Ranged downloads over plain HTTP are written as they arrive and hold next to nothing. Over
-    TLS each range is read whole on the engine's own threads and then written: a thread that
-    waited on a streamed range was woken for every TLS record (a few KiB), which cost more CPU
-    than the decryption. Those hold ``tls_ranges x tls_part_size`` bytes at most per store.
+    TLS the engine's own threads join each range's body into pieces of ``tls_piece``, each
+    written as it comes: a thread that waited on the body as the connection handed it over was
+    woken for every TLS record (a few KiB), which cost more CPU than the decryption. Those
+    hold about ``tls_ranges x tls_piece`` bytes per store (a piece being written, and the
+    engine joining the next).
 
     Small objects go many at once: a store far away makes each request wait on its round
     trip, not on bandwidth, so the number in flight sets the pace (:class:`Pace`). The bodies
@@ -106,8 +108,9 @@ class Tuning:
     part_size: int = 32 * MiB  # the range of each, streamed (plain HTTP)
     upload_part_size: int = 8 * MiB  # uploads above this: multipart, in parts of this size
     concurrency: int = 16  # streamed ranges in flight per store, over all its downloads
-    tls_part_size: int = 4 * MiB  # the range of each over TLS, read whole
-    tls_ranges: int = 12  # ranges read whole at once per store, over all its downloads
+    tls_part_size: int = 32 * MiB  # the range of each over TLS
+    tls_piece: int = MiB  # ... handed over by the engine in pieces of this size
+    tls_ranges: int = 12  # ranges at once over TLS per store, over all its downloads
     upload_concurrency: int = 4  # parts in flight per multipart upload
     multipart_uploads: int = 2  # multipart uploads at once per store (others wait their turn)
     list_page_size: int = 1000
@@ -495,8 +498,8 @@ class EngineStore(ObjectStore):
 
     def _download_ranges(self, key: str, target: Path, info: ObjectInfo) -> Fetched:
         """Ranges in parallel, each written at its offset: streamed on the range threads over
-        plain HTTP, read whole on the engine's async face over TLS. Each range is asked of the
-        version ``info`` names (``If-Match``), so all are of one."""
+        plain HTTP, in pieces the engine joins on its async face over TLS. Each range is asked
+        of the version ``info`` names (``If-Match``), so all are of one."""
         if self.plain_http:
             self._stream_ranges(key, target, info)
         else:
@@ -556,35 +559,25 @@ class EngineStore(ObjectStore):
     async def _read_ranges(
         self, key: str, target: Path, info: ObjectInfo, part: int, room: asyncio.Semaphore
     ) -> None:
-        """Every range of ``key`` read whole, at most ``room`` at once over the store, each
-        written at its offset on the loop's thread. After a failure no more ranges start, and
-        it returns (raising the first error) only once none is in flight: no request of the
-        engine may still be out when the caller goes on, or the interpreter ends."""
+        """Every range of ``key``, at most ``room`` at once over the store, each written at its
+        offset on the loop's thread, piece by piece as the engine joins them. After a failure
+        no more ranges start, and it returns (raising the first error) only once none is in
+        flight: no request of the engine may still be out when the caller goes on, or the
+        interpreter ends."""
         import asyncio
 
-        import obstore
-
         failed: list[Exception] = []
-        path, size = self._key(key), info.size
 
         async def one(start: int, length: int) -> None:
             async with room:
                 if failed:
                     return
                 try:
-                    options = _get_options(info.version, start, length)
-                    result = await obstore.get_async(self.engine, path, options=options)
-                    body = await result.bytes_async()
+                    await self._fetch_pieces(key, info, fd, start, length)
                 except Exception as exc:
-                    failed.append(self._error(exc, key))
-                    return
-            try:
-                if len(body) != length:
-                    raise self._short_read(key, start)
-                _write_at(fd, memoryview(body), start)
-            except Exception as exc:
-                failed.append(exc)
+                    failed.append(exc)
 
+        size = info.size
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, size)
@@ -595,6 +588,33 @@ class EngineStore(ObjectStore):
             os.close(fd)
         if failed:
             raise failed[0]
+
+    async def _fetch_pieces(
+        self, key: str, info: ObjectInfo, fd: int, start: int, length: int
+    ) -> None:
+        """One range over TLS, each piece the engine hands over written at its offset; the
+        engine's errors typed, the file system's as they are."""
+        import obstore
+
+        options = _get_options(info.version, start, length)
+        try:
+            result = await obstore.get_async(self.engine, self._key(key), options=options)
+            pieces = aiter(result.stream(min_chunk_size=self.tuning.tls_piece))
+        except Exception as exc:
+            raise self._error(exc, key) from None
+        offset = start
+        while True:
+            try:
+                piece = await anext(pieces)
+            except StopAsyncIteration:
+                break
+            except Exception as exc:
+                raise self._error(exc, key) from None
+            view = memoryview(piece)
+            _write_at(fd, view, offset)
+            offset += len(view)
+        if offset - start != length:
+            raise self._short_read(key, start)
 
     def _upload(self, path: Path, key: str) -> str:
         """Below the part size, one PUT with the sha256 as metadata; above, a multipart upload

@@ -187,7 +187,7 @@ class DaemonPool:
 
 class DaemonLoop:
     """An event loop on a daemon thread (as the range threads are), for the engine's async
-    face, with the store's ``room`` for ranges read whole."""
+    face, with the store's ``room`` for ranges over TLS."""
 
     def __init__(self, name: str, room: int) -> None:
         import asyncio
