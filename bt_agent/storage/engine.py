@@ -21,7 +21,7 @@ import os
 import re
 import threading
 from abc import abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 #: One object of a batch download: its body (or why there is none) and what its answer said.
 _Fetched = tuple[Wanted, memoryview | Exception, Fetched]
 MiB = 1024 * 1024
-WRITE_PIECE = 64 * 1024  # a piece of a range over TLS is written in writes of this size
+WRITE_PIECE = 64 * 1024  # the most a download's one write puts into its file
 MAX_PARTS = 10_000
 SHA256_META = "sha256"
 #: The engine's own retries of one request (ours, with their longer backoff, come on top).
@@ -546,10 +546,7 @@ class EngineStore(ObjectStore):
         )
         offset = start
         for chunk in self._chunks(key, result):
-            view = memoryview(chunk)
-            while view:
-                written = os.pwrite(fd, view, offset)
-                view, offset = view[written:], offset + written
+            offset += _write_at(fd, memoryview(chunk), offset)
         if offset - start != length:
             raise self._short_read(key, start)
 
@@ -599,22 +596,27 @@ class EngineStore(ObjectStore):
         options = _get_options(info.version, start, length)
         try:
             result = await obstore.get_async(self.engine, self._key(key), options=options)
-            pieces = aiter(result.stream(min_chunk_size=self.tuning.tls_piece))
         except Exception as exc:
             raise self._error(exc, key) from None
         offset = start
-        while True:
-            try:
-                piece = await anext(pieces)
-            except StopAsyncIteration:
-                break
-            except Exception as exc:
-                raise self._error(exc, key) from None
-            view = memoryview(piece)
-            _write_at(fd, view, offset)
-            offset += len(view)
+        async for piece in self._pieces(key, result):
+            offset += _write_at(fd, memoryview(piece), offset)
         if offset - start != length:
             raise self._short_read(key, start)
+
+    async def _pieces(self, key: str, result: Any) -> AsyncIterator[Any]:
+        """:meth:`_chunks` on the engine's async face: the body in pieces of ``tls_piece``,
+        which the engine joins on its own threads (there the waiting thread is woken once a
+        piece, not once a TLS record)."""
+        stream = aiter(result.stream(min_chunk_size=self.tuning.tls_piece))
+        while True:
+            try:
+                piece = await anext(stream)
+            except StopAsyncIteration:
+                return
+            except Exception as exc:
+                raise self._error(exc, key) from None
+            yield piece
 
     def _upload(self, path: Path, key: str) -> str:
         """Below the part size, one PUT with the sha256 as metadata; above, a multipart upload
@@ -803,13 +805,15 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _write_at(fd: int, body: memoryview, offset: int) -> None:
+def _write_at(fd: int, body: memoryview, offset: int) -> int:
     """``body`` written at ``offset``, a piece at a time: one write of a whole range makes the
     page cache take its memory in large blocks, which cost much more system time on machines
-    (virtual ones) whose free memory is handed back to their host."""
+    (virtual ones) whose free memory is handed back to their host. Returns its length."""
+    length = len(body)
     while body:
         written = os.pwrite(fd, body[:WRITE_PIECE], offset)
         body, offset = body[written:], offset + written
+    return length
 
 
 def _info(key: str, meta: Any, attributes: Any) -> ObjectInfo:
