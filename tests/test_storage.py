@@ -9,6 +9,7 @@ of a test CA).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -48,13 +49,33 @@ from bt_agent.storage.s3 import S3Store
 from bt_agent.storage.transfer import download_tree, upload_tree
 
 MiB = 1024 * 1024
+#: Ranges are read whole only where a test asks (else a machine of many cores would change
+#: which way the suite takes).
+NEVER_WHOLE = 1 << 30
 SMALL_TUNING = Tuning(
     multipart_threshold=5 * MiB,
     part_size=5 * MiB,
     upload_part_size=5 * MiB,
     concurrency=4,
     list_page_size=50,
+    whole_from_cores=NEVER_WHOLE,
 )
+#: The ways a large object's ranges come: streamed (plain HTTP), in pieces the engine joins
+#: (TLS), or read whole (many cores), as ``(tls, whole)``.
+RANGE_WAYS = {
+    "streamed": (False, False),
+    "pieces": (True, False),
+    "whole-http": (False, True),
+    "whole-https": (True, True),
+}
+
+
+def _ranges_read_whole(store: ObjectStore) -> None:
+    """Have ``store`` read its ranges whole, as on a machine of many cores."""
+    assert isinstance(store, S3Store)
+    store.tuning = dataclasses.replace(store.tuning, whole_from_cores=1)
+
+
 # "s3-tls" is the same SeaweedFS over https, its certificate trusted through AWS_CA_BUNDLE;
 # "cw" the same again as CoreWeave (the bucket in the host, through a proxy: _s3); "gs-tls" and
 # "azure-tls" are fake-gcs-server and Azurite over https (REQUESTS_CA_BUNDLE, SSL_CERT_FILE),
@@ -436,16 +457,19 @@ def test_an_object_replaced_since_its_listing_is_not_fetched(
     assert target.read_bytes() == payload(size, seed=1)
 
 
-@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+@pytest.mark.parametrize("way", RANGE_WAYS)
 def test_ranges_are_all_of_the_version_they_began_with(
-    s3_server: servers.SeaweedFS, tmp_path: Path, tls: bool
+    s3_server: servers.SeaweedFS, tmp_path: Path, way: str
 ) -> None:
     """An object replaced while its ranges are fetched (here: just after the request that
-    found its version) fails with ChangedError: each range asks for that version
-    (``If-Match``), so no file is made of two versions' ranges."""
+    found its version) fails with ChangedError, whichever way the ranges come: each asks for
+    that version (``If-Match``), so no file is made of two versions' ranges."""
+    tls, whole = RANGE_WAYS[way]
     backend = _s3(s3_server, "s3-tls" if tls else "s3")
     store, key = _one(backend, payload(12 * MiB + 7, seed=0))
     assert isinstance(store, S3Store)
+    if whole:
+        _ranges_read_whole(store)
     found = store._stat
 
     def then_replaced(stated: str) -> ObjectInfo:
@@ -541,14 +565,17 @@ def test_wrong_credentials(backend: Backend, s3_server: servers.SeaweedFS) -> No
             single_object()
 
 
-@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+@pytest.mark.parametrize("way", RANGE_WAYS)
 def test_s3_ranges_land_at_their_offsets(
-    s3_server: servers.SeaweedFS, tmp_path: Path, tls: bool
+    s3_server: servers.SeaweedFS, tmp_path: Path, way: str
 ) -> None:
-    """A large object comes in ranges fetched in parallel, over plain HTTP and over TLS; the
-    bytes (random: a range at a wrong offset would show) land where they belong."""
+    """A large object comes in ranges fetched in parallel, each way they can come; the bytes
+    (random: a range at a wrong offset would show) land where they belong."""
+    tls, whole = RANGE_WAYS[way]
     data = os.urandom(12 * MiB + 7)
     store, key = _one(_s3(s3_server, "s3-tls" if tls else "s3"), data)
+    if whole:
+        _ranges_read_whole(store)
     target = tmp_path / "model.bin"
     store.download(key, target, store.stat(key))
     assert target.read_bytes() == data
@@ -604,21 +631,24 @@ def test_s3_uploads_at_once_hold_bounded_memory(
 
 
 DOWNLOAD_MEMORY_CHECK = """
-import sys
+import dataclasses, sys
 from pathlib import Path
 from bt_agent.storage import open_store
 from bt_agent.storage.transfer import download_tree
 with open_store(sys.argv[1]) as store:
+    store.tuning = dataclasses.replace(store.tuning, whole_from_cores=int(sys.argv[3]))
     download_tree(store, "", Path(sys.argv[2]))
 """  # then PRINT_PEAK_MIB
 
 
+@pytest.mark.parametrize("whole", [False, True], ids=["pieces", "whole"])
 def test_s3_downloads_over_tls_at_once_hold_bounded_memory(
-    s3_server: servers.SeaweedFS, tmp_path: Path
+    s3_server: servers.SeaweedFS, tmp_path: Path, whole: bool
 ) -> None:
-    """Over TLS the engine joins each range's body into pieces before they are written: the
-    ranges at once are bounded per store, not per download (eight 40 MiB files at once, as
-    staging fetches them, would hold each file's pieces otherwise)."""
+    """Over TLS the engine joins each range's body into pieces before they are written, or
+    (many cores) reads each range whole: either way the ranges at once are bounded per store,
+    not per download (eight 40 MiB files at once, as staging fetches them, would hold each
+    file's ranges otherwise)."""
     bucket = f"b{uuid.uuid4().hex[:12]}"
     s3_server.create_bucket(bucket)
     client = s3_server.client()
@@ -633,6 +663,7 @@ def test_s3_downloads_over_tls_at_once_hold_bounded_memory(
             DOWNLOAD_MEMORY_CHECK + PRINT_PEAK_MIB,
             f"s3://{bucket}/m",
             str(target),
+            str(1 if whole else NEVER_WHOLE),
         ],
         env={**os.environ, **s3_server.client_env(tls=True)},
         capture_output=True,
@@ -974,7 +1005,13 @@ def test_open_store_urls() -> None:
 def test_part_size_keeps_huge_files_under_10000_parts() -> None:
     tuning = Tuning()
     for size in (1, 16 * MiB, 100 * 1024**3, 500 * 1024**3, 5 * 1024**4):
-        for base in (tuning.part_size, tuning.upload_part_size, tuning.tls_part_size):
+        bases = (
+            tuning.part_size,
+            tuning.upload_part_size,
+            tuning.tls_part_size,
+            tuning.whole_part_size,
+        )
+        for base in bases:
             part = tuning.part_size_for(size, base)
             assert -(-size // part) <= 10_000 and part % MiB == 0
 

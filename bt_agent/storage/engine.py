@@ -99,6 +99,13 @@ class Tuning:
     hold about ``tls_ranges x tls_piece`` bytes per store (a piece being written, and the
     engine joining the next).
 
+    Both ways spend the least CPU per byte, which sets the pace where cores are few; but each
+    piece is copied into a Python object while the interpreter's lock is held, and with many
+    cores that lock, not the CPU, sets the pace. From ``whole_from_cores`` usable cores on,
+    each range (``whole_part_size``) is read whole by the engine, outside the lock, into a
+    buffer handed over without a copy, and written in pieces of ``whole_write``: about
+    ``whole_ranges x whole_part_size`` bytes held per store.
+
     Small objects go many at once: a store far away makes each request wait on its round
     trip, not on bandwidth, so the number in flight sets the pace (:class:`Pace`). The bodies
     a batch or a stream holds (in flight, or fetched and not yet placed) stay within
@@ -111,6 +118,10 @@ class Tuning:
     tls_part_size: int = 32 * MiB  # the range of each over TLS
     tls_piece: int = MiB  # ... handed over by the engine in pieces of this size
     tls_ranges: int = 12  # ranges at once over TLS per store, over all its downloads
+    whole_from_cores: int = 8  # from this many usable cores on, ranges are read whole
+    whole_part_size: int = 4 * MiB  # the range of each read whole
+    whole_ranges: int = 12  # ranges read whole at once per store, over all its downloads
+    whole_write: int = MiB  # ... each written in pieces of this size
     upload_concurrency: int = 4  # parts in flight per multipart upload
     multipart_uploads: int = 2  # multipart uploads at once per store (others wait their turn)
     list_page_size: int = 1000
@@ -120,6 +131,10 @@ class Tuning:
     batch_puts_from: int = 32  # PUTs at once in an upload stream, at first
     batch_puts: int = 128  # ... at most, while more go faster
     batch_bytes: int = 32 * MiB  # bodies held at most at once by a batch or a stream
+
+    def reads_whole(self) -> bool:
+        """Whether ranges are read whole: this process may run on ``whole_from_cores`` cores."""
+        return _usable_cores() >= self.whole_from_cores
 
     def part_size_for(self, size: int, base: int) -> int:
         """``base``, or more where ``size`` would need more than 10,000 parts of it."""
@@ -497,29 +512,41 @@ class EngineStore(ObjectStore):
             yield chunk
 
     def _download_ranges(self, key: str, target: Path, info: ObjectInfo) -> Fetched:
-        """Ranges in parallel, each written at its offset: streamed on the range threads over
+        """Ranges in parallel, each written at its offset (:class:`Tuning` says which way):
+        read whole on the range threads where cores are many; else streamed on them over
         plain HTTP, in pieces the engine joins on its async face over TLS. Each range is asked
         of the version ``info`` names (``If-Match``), so all are of one."""
-        if self.plain_http:
-            self._stream_ranges(key, target, info)
+        tuning = self.tuning
+        if tuning.reads_whole():
+            part = tuning.part_size_for(info.size, tuning.whole_part_size)
+            fetch = functools.partial(self._fetch_whole_range, key, info)
+            self._thread_ranges(target, info.size, part, ("bt-whole", tuning.whole_ranges), fetch)
+        elif self.plain_http:
+            part = tuning.part_size_for(info.size, tuning.part_size)
+            fetch = functools.partial(self._fetch_range, key, info)
+            self._thread_ranges(target, info.size, part, ("bt-ranges", tuning.concurrency), fetch)
         else:
-            part = self.tuning.part_size_for(info.size, self.tuning.tls_part_size)
+            part = tuning.part_size_for(info.size, tuning.tls_part_size)
             loop = self._event_loop()
             loop.run(self._read_ranges(key, target, info, part, loop.room))
         return Fetched(info.sha256, None, info.version)
 
-    def _stream_ranges(self, key: str, target: Path, info: ObjectInfo) -> None:
-        """Every range of ``key`` on the range threads, each written as it streams in."""
-        size = info.size
-        part = self.tuning.part_size_for(size, self.tuning.part_size)
+    def _thread_ranges(
+        self,
+        target: Path,
+        size: int,
+        part: int,
+        pool: tuple[str, int],
+        fetch: Callable[[int, int, int], None],
+    ) -> None:
+        """Every range of ``part`` bytes of ``size`` on the threads of ``pool`` (its name and
+        size), each fetched into ``target`` by ``fetch(fd, start, length)``."""
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, size)
             futures = [
-                self._pool("bt-ranges", self.tuning.concurrency).submit(
-                    functools.partial(
-                        self._fetch_range, key, info, fd, start, min(part, size - start)
-                    )
+                self._pool(*pool).submit(
+                    functools.partial(fetch, fd, start, min(part, size - start))
                 )
                 for start in range(0, size, part)
             ]
@@ -538,17 +565,32 @@ class EngineStore(ObjectStore):
     def _fetch_range(self, key: str, info: ObjectInfo, fd: int, start: int, length: int) -> None:
         """One range, written at its offset as it streams in, not a buffer of the range's size
         per request (fresh memory costs a page fault per 4 KiB)."""
-        import obstore
-
-        options = _get_options(info.version, start, length)
-        result = self._engine_call(
-            key, lambda engine: obstore.get(engine, self._key(key), options=options)
-        )
+        result = self._get_range(key, info, start, length)
         offset = start
         for chunk in self._chunks(key, result):
             offset += _write_at(fd, memoryview(chunk), offset)
         if offset - start != length:
             raise self._short_read(key, start)
+
+    def _fetch_whole_range(
+        self, key: str, info: ObjectInfo, fd: int, start: int, length: int
+    ) -> None:
+        """One range read whole by the engine (the interpreter's lock is let go meanwhile) into
+        a buffer handed over as it is, then written at its offset."""
+        result = self._get_range(key, info, start, length)
+        body = memoryview(self._engine_call(key, lambda _: result.bytes()))
+        if len(body) != length:
+            raise self._short_read(key, start)
+        _write_at(fd, body, start, self.tuning.whole_write)
+
+    def _get_range(self, key: str, info: ObjectInfo, start: int, length: int) -> Any:
+        """The engine's answer to a GET of one range of the version ``info`` names."""
+        import obstore
+
+        options = _get_options(info.version, start, length)
+        return self._engine_call(
+            key, lambda engine: obstore.get(engine, self._key(key), options=options)
+        )
 
     def _short_read(self, key: str, start: int) -> TransientStoreError:
         return TransientStoreError(f"{self.uri(key)}: short read at {start}", self.uri(key))
@@ -805,15 +847,23 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _write_at(fd: int, body: memoryview, offset: int) -> int:
-    """``body`` written at ``offset``, a piece at a time: one write of a whole range makes the
-    page cache take its memory in large blocks, which cost much more system time on machines
-    (virtual ones) whose free memory is handed back to their host. Returns its length."""
+def _write_at(fd: int, body: memoryview, offset: int, piece: int = WRITE_PIECE) -> int:
+    """``body`` written at ``offset``, ``piece`` bytes at a time: one write of a whole range
+    makes the page cache take its memory in large blocks, which cost much more system time on
+    machines (virtual ones) whose free memory is handed back to their host. Returns its
+    length."""
     length = len(body)
     while body:
-        written = os.pwrite(fd, body[:WRITE_PIECE], offset)
+        written = os.pwrite(fd, body[:piece], offset)
         body, offset = body[written:], offset + written
     return length
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (its affinity, where the system says it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _info(key: str, meta: Any, attributes: Any) -> ObjectInfo:
