@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from bt_agent.cores import usable_cores
 from bt_agent.errors import (
     AccessDeniedError,
     IntegrityError,
@@ -133,8 +134,8 @@ class Tuning:
     batch_bytes: int = 32 * MiB  # bodies held at most at once by a batch or a stream
 
     def reads_whole(self) -> bool:
-        """Whether ranges are read whole: this process may run on ``whole_from_cores`` cores."""
-        return _usable_cores() >= self.whole_from_cores
+        """Whether ranges are read whole: this process may use ``whole_from_cores`` cores."""
+        return usable_cores() >= self.whole_from_cores
 
     def part_size_for(self, size: int, base: int) -> int:
         """``base``, or more where ``size`` would need more than 10,000 parts of it."""
@@ -857,13 +858,6 @@ def _write_at(fd: int, body: memoryview, offset: int, piece: int = WRITE_PIECE) 
         written = os.pwrite(fd, body[:piece], offset)
         body, offset = body[written:], offset + written
     return length
-
-
-def _usable_cores() -> int:
-    """The cores this process may run on (its affinity, where the system says it)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def _info(key: str, meta: Any, attributes: Any) -> ObjectInfo:
