@@ -84,6 +84,7 @@ class Server:
     process: subprocess.Popen[bytes] | None = None
     cwd: Path | None = None  # where it may write files of its own (olah writes logs/ there)
     tls: Certificates | None = None  # serving https, its certificate signed by ``tls.ca``
+    grace: float = 10.0  # seconds it is given to end after the stop signal, then killed
 
     @property
     def scheme(self) -> str:
@@ -112,7 +113,7 @@ class Server:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, sig)
         try:
-            self.process.wait(10)
+            self.process.wait(self.grace)
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
@@ -518,7 +519,9 @@ def azurite(root: Path, tls: bool = False) -> Azurite:
     ]
     if certificate:
         argv += ["--cert", str(certificate.cert), "--key", str(certificate.key)]
-    server = Azurite(argv, port, data / "azurite.log", tls=certificate)
+    # Its graceful stop waits until every client's kept-alive connection is closed, and the
+    # tests' stores keep theirs in the pytest process: it would wait out the whole grace.
+    server = Azurite(argv, port, data / "azurite.log", tls=certificate, grace=1.0)
     return server.start()  # type: ignore[return-value]
 
 
