@@ -518,14 +518,15 @@ class EngineStore(ObjectStore):
         plain HTTP, in pieces the engine joins on its async face over TLS. Each range is asked
         of the version ``info`` names (``If-Match``), so all are of one."""
         tuning = self.tuning
-        if tuning.reads_whole():
-            part = tuning.part_size_for(info.size, tuning.whole_part_size)
-            fetch = functools.partial(self._fetch_whole_range, key, info)
-            self._thread_ranges(target, info.size, part, ("bt-whole", tuning.whole_ranges), fetch)
-        elif self.plain_http:
-            part = tuning.part_size_for(info.size, tuning.part_size)
-            fetch = functools.partial(self._fetch_range, key, info)
-            self._thread_ranges(target, info.size, part, ("bt-ranges", tuning.concurrency), fetch)
+        whole = tuning.reads_whole()
+        if whole or self.plain_http:
+            base, pool, fetch = (
+                (tuning.whole_part_size, ("bt-whole", tuning.whole_ranges), self._fetch_whole_range)
+                if whole
+                else (tuning.part_size, ("bt-ranges", tuning.concurrency), self._fetch_range)
+            )
+            part = tuning.part_size_for(info.size, base)
+            self._thread_ranges(target, info.size, part, pool, functools.partial(fetch, key, info))
         else:
             part = tuning.part_size_for(info.size, tuning.tls_part_size)
             loop = self._event_loop()
