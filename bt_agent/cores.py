@@ -10,22 +10,33 @@ from pathlib import Path
 
 #: Where the control group file system is mounted (v2 at its root; v1 with a ``cpu`` tree).
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+#: This process's control groups (v2's line is ``0::<path>``).
+PROC_CGROUP = Path("/proc/self/cgroup")
 
 
-def usable_cores(cgroup_root: Path = CGROUP_ROOT) -> int:
+def usable_cores(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> int:
     """The cores this process may run on at once, at least 1."""
     if hasattr(os, "sched_getaffinity"):
         allowed = len(os.sched_getaffinity(0))
     else:
         allowed = os.cpu_count() or 1
-    quota = _quota(cgroup_root)
+    quota = _quota(cgroup_root, _own_group(proc_cgroup))
     return max(1, min(allowed, math.ceil(quota))) if quota else allowed
 
 
-def _quota(root: Path) -> float | None:
-    """The control group's CPU quota in cores (v2's ``cpu.max``, else v1's CFS quota and
-    period), or None where there is none or it cannot be read."""
-    v2 = _read(root / "cpu.max")
+def _own_group(proc_cgroup: Path) -> str:
+    """This process's v2 group, relative to the mount (empty in a container that has a
+    namespace of its own, where the mount's root is its group)."""
+    for line in (_read(proc_cgroup) or "").splitlines():
+        if line.startswith("0::"):
+            return line[3:].strip("/")
+    return ""
+
+
+def _quota(root: Path, group: str) -> float | None:
+    """The control group's CPU quota in cores (v2's ``cpu.max`` of ``group``, else v1's CFS
+    quota and period), or None where there is none or it cannot be read."""
+    v2 = _read(root / group / "cpu.max")
     if v2 is not None:
         share, _, period = v2.partition(" ")
         return _cores(share, period or "100000")

@@ -35,12 +35,23 @@ def _cgroup(root: Path, files: dict[str, str]) -> Path:
     ids=["v2-one", "v2-fraction", "v2-none", "v1-one", "v1-none", "unreadable", "no-cgroup"],
 )
 def test_the_quota_caps_the_affinity(tmp_path: Path, files: dict[str, str], expected: int) -> None:
-    assert usable_cores(_cgroup(tmp_path, files)) == expected
+    assert usable_cores(_cgroup(tmp_path, files), tmp_path / "absent") == expected
+
+
+def test_the_group_named_in_proc_is_the_one_read(tmp_path: Path) -> None:
+    """Without a namespace of its own, the process's v2 group is a path under the mount (as
+    /proc/self/cgroup names it); that group's quota counts, not the root's."""
+    root = _cgroup(tmp_path / "fs", {"kubepods/pod1/c1/cpu.max": "100000 100000"})
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/kubepods/pod1/c1\n")
+    assert usable_cores(root, proc) == 1
+    proc.write_text("0::/\n")  # a namespace of its own: its group is the mount's root
+    assert usable_cores(root, proc) == ALLOWED
 
 
 def test_a_quota_above_the_affinity_leaves_the_affinity(tmp_path: Path) -> None:
     quota = f"{(ALLOWED + 8) * 100000} 100000"
-    assert usable_cores(_cgroup(tmp_path, {"cpu.max": quota})) == ALLOWED
+    assert usable_cores(_cgroup(tmp_path, {"cpu.max": quota}), tmp_path / "absent") == ALLOWED
 
 
 def test_this_machine() -> None:
