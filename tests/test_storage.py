@@ -41,7 +41,7 @@ from bt_agent.settings import Environ
 from bt_agent.storage import ObjectStore, open_store
 from bt_agent.storage.azure import AzureStore
 from bt_agent.storage.base import ObjectInfo, Upload, Wanted
-from bt_agent.storage.engine import Proxies, Tuning
+from bt_agent.storage.engine import EngineStore, Proxies, Tuning
 from bt_agent.storage.file import SYNCFS_MIN_FILES, syncfs
 from bt_agent.storage.gcs import GCSStore
 from bt_agent.storage.hf import HFStore
@@ -72,8 +72,14 @@ RANGE_WAYS = {
 
 def _ranges_read_whole(store: ObjectStore) -> None:
     """Have ``store`` read its ranges whole, as on a machine of many cores."""
-    assert isinstance(store, S3Store)
+    assert isinstance(store, EngineStore)
     store.tuning = dataclasses.replace(store.tuning, whole_from_cores=1)
+
+
+def _read_whole(store: ObjectStore) -> bool:
+    """Whether ``store``'s ranges were read whole (their threads are of their own)."""
+    assert isinstance(store, EngineStore)
+    return "bt-whole" in store._pools
 
 
 # "s3-tls" is the same SeaweedFS over https, its certificate trusted through AWS_CA_BUNDLE;
@@ -579,6 +585,20 @@ def test_s3_ranges_land_at_their_offsets(
     target = tmp_path / "model.bin"
     store.download(key, target, store.stat(key))
     assert target.read_bytes() == data
+    assert _read_whole(store) == whole
+
+
+@pytest.mark.parametrize("backend", ["azure", "azure-tls", "r2"], indirect=True)
+def test_ranges_read_whole_land_on_every_engine_backend(backend: Backend, tmp_path: Path) -> None:
+    """Azure's and R2's stores read ranges whole too (as on many cores), each of the version
+    listed, each landing at its offset."""
+    data = os.urandom(12 * MiB + 7)
+    store, key = _one(backend, data)
+    _ranges_read_whole(store)
+    target = tmp_path / "model.bin"
+    store.download(key, target, store.list("dir/")[0])
+    assert target.read_bytes() == data
+    assert _read_whole(store)
 
 
 PRINT_PEAK_MIB = """
