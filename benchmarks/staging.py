@@ -2,7 +2,7 @@
 (node cache filled, fresh mount) for models of two sizes and for many small files, in one run.
 
     python benchmarks/staging.py [--model-gib 2] [--large-gib 8] [--small-count 5000] [--tls]
-        [--store-http2] [--ranges-both]
+        [--store-http2] [--ranges-both] [--far-ms 20 [--far-mbps 90]]
 
 Cold and warm staging are timed inside the agent process (the DEPLOYING phase itself, after
 imports); cold is the median of three runs from an empty cache, each beside an s5cmd run (whose
@@ -14,6 +14,10 @@ own, trusted by both through ``AWS_CA_BUNDLE``), speaking HTTP/1.1 as AWS S3 and
 The agent reads a large object's ranges whole from 8 usable cores on, else streamed (in pieces
 over TLS); ``--ranges-both`` adds a cold run of each way to each round, forced whatever this
 machine's cores, beside the agent as it is (columns ``whole_s`` and ``streamed_s``).
+``--far-ms`` stages each model again, cold, through a link to a store far away (rows ", far";
+``tests/far_link.py``): each request held that long, each connection's answers paced at
+``--far-mbps``, as a cloud store paces one connection, so that how many ranges are in flight,
+and how large, shows as it would there.
 Targets: cold at least 1.0x s5cmd's throughput; warm at most 0.05 s for either model.
 """
 
@@ -28,13 +32,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from _common import STORE_HTTP2_HELP, compile_agent, evict, table, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 import servers  # noqa: E402
+from far_link import FarLink  # noqa: E402
 
 MiB = 1024 * 1024
 #: Warm starts per shape; the median is reported (the first after a large cold run may find
@@ -105,6 +112,67 @@ def _s5cmd(endpoint: str, env: dict[str, str], url: str, target: Path) -> float:
     return time.perf_counter() - start
 
 
+#: What one shape's cold rounds measured: ``s5cmd``'s seconds, the agent's, and each forced way's.
+Cold = tuple[list[float], list[float], dict[str, list[float]]]
+
+
+def _cold_rounds(
+    work: Path, spec: Path, url: str, env: dict[str, str], run: str, ways: Sequence[str]
+) -> Cold:
+    """``COLD_RUNS`` rounds, each from an empty cache, of ``s5cmd`` and the agent (and the agent
+    with each of ``ways`` forced), taking turns (which goes first alternates). Each run's output
+    is named after ``run`` and the round, evicted from the page cache and left on disk."""
+    env = dict(env)
+    endpoint = env["AWS_ENDPOINT_URL"]
+    peers, colds = [], []
+    forced: dict[str, list[float]] = {way: [] for way in ways}
+    for attempt in range(COLD_RUNS):
+        name = f"{run}-{attempt}"
+        turns = [("s5cmd", name), ("agent", name), *((way, f"{way}-{name}") for way in ways)]
+        for who, label in turns if attempt % 2 == 0 else turns[::-1]:
+            output = work / (f"s5-{label}" if who == "s5cmd" else f"cache-{label}")
+            env["BT_NODE_CACHE_DIR"] = str(work / f"cache-{label}")
+            os.sync()  # no run pays for the writeback of what ran before it
+            if who == "s5cmd":
+                peers.append(_s5cmd(endpoint, env, url, output))
+            elif who == "agent":
+                colds.append(_stage(spec, work / f"cold-{label}", env))
+            else:
+                forced[who].append(_stage(spec, work / f"cold-{label}", env, who))
+            evict(output)
+    return peers, colds, forced
+
+
+def _row(
+    shape: str,
+    size: int,
+    peers: list[float],
+    colds: list[float],
+    forced: dict[str, list[float]],
+    warms: Sequence[float] = (),
+) -> dict[str, object]:
+    """One line of the table: medians, and each run's seconds."""
+    peer, cold = statistics.median(peers), statistics.median(colds)
+    row: dict[str, object] = {"shape": shape, "MB": round(size / 1e6), "s5cmd_s": round(peer, 2)}
+    row["cold_s"] = round(cold, 2)
+    if warms:
+        row["warm_s"] = round(statistics.median(warms), 3)
+        row["warm_runs_s"] = "-".join(f"{w:.3f}" for w in sorted(warms))
+    row["cold_vs_s5cmd"] = round(peer / cold, 2)
+    row["cold_runs_s"] = "-".join(f"{c:.2f}" for c in sorted(colds))
+    row["s5cmd_runs_s"] = "-".join(f"{p:.2f}" for p in sorted(peers))
+    for way, seconds in forced.items():
+        row[f"{way}_s"] = round(statistics.median(seconds), 2)
+    return row
+
+
+def _via(endpoint: str, port: int) -> str:
+    """``endpoint`` with its port replaced: the same host name (the one its certificate is
+    for), reached through the far link."""
+    parts = urlsplit(endpoint)
+    return parts._replace(netloc=f"{parts.hostname}:{port}").geturl()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-gib", type=int, default=2)
@@ -112,6 +180,20 @@ def main() -> int:
     parser.add_argument("--small-count", type=int, default=5000)
     parser.add_argument("--tls", action="store_true", help="stage over https")
     parser.add_argument("--store-http2", action="store_true", help=STORE_HTTP2_HELP)
+    parser.add_argument(
+        "--far-ms",
+        type=float,
+        default=0,
+        help="also stage each model through a link to a store far away, holding each request "
+        "this many ms (cold only; rows ', far')",
+    )
+    parser.add_argument(
+        "--far-mbps",
+        type=float,
+        default=90,
+        help="with --far-ms: each connection's answers paced at this many MB/s (S3's pace of "
+        "one connection is about 90)",
+    )
     parser.add_argument(
         "--ranges-both",
         action="store_true",
@@ -128,12 +210,17 @@ def main() -> int:
         server = servers.seaweedfs(work / "server", http2=args.store_http2)
         env = {**os.environ, **server.client_env(tls=args.tls)}
         endpoint = env["AWS_ENDPOINT_URL"]
+        far: FarLink | None = None
         try:
             server.create_bucket("weights")
+            if args.far_ms:
+                port = server.https_port if args.tls else server.port
+                far = FarLink(port, args.far_ms / 1000, args.far_mbps * 1e6)
+            small = f"{args.small_count} small files"
             shapes = {
                 f"{args.model_gib} GiB model": _model(work / "m", 4, args.model_gib * 256 * MiB),
                 f"{args.large_gib} GiB model": _model(work / "l", 4, args.large_gib * 256 * MiB),
-                f"{args.small_count} small files": _model(work / "s", 0, 0, args.small_count, 4096),
+                small: _model(work / "s", 0, 0, args.small_count, 4096),
             }
             for index, (shape, source) in enumerate(shapes.items()):
                 url = f"s3://weights/shape{index}"
@@ -151,47 +238,22 @@ def main() -> int:
                         }
                     )
                 )
-                peers, colds = [], []
-                forced: dict[str, list[float]] = {way: [] for way in ways}
-                for attempt in range(COLD_RUNS):  # interleaved, each from an empty cache
-                    run = f"{index}-{attempt}"
-                    turns = [("s5cmd", run), ("agent", run)]
-                    turns += [(way, f"{way}-{run}") for way in ways]
-                    for who, name in turns if attempt % 2 == 0 else turns[::-1]:
-                        output = work / (f"s5-{name}" if who == "s5cmd" else f"cache-{name}")
-                        env["BT_NODE_CACHE_DIR"] = str(work / f"cache-{name}")
-                        os.sync()  # no run pays for the writeback of what ran before it
-                        if who == "s5cmd":
-                            peers.append(_s5cmd(endpoint, env, url, output))
-                        elif who == "agent":
-                            colds.append(_stage(spec, work / f"cold-{name}", env))
-                        else:
-                            forced[who].append(_stage(spec, work / f"cold-{name}", env, who))
-                        evict(output)
+                peers, colds, forced = _cold_rounds(work, spec, url, env, str(index), ways)
                 env["BT_NODE_CACHE_DIR"] = str(work / f"cache-{index}-0")  # the warm runs'
-                peer, cold = statistics.median(peers), statistics.median(colds)
                 warms = []
                 for attempt in range(WARM_RUNS):  # each a fresh mount from the filled cache
                     warms.append(_stage(spec, work / f"warm-{index}-{attempt}", env))
-                warm = statistics.median(warms)
+                rows.append(_row(shape, size, peers, colds, forced, warms))
+                if far is not None and shape != small:
+                    through = {**env, "AWS_ENDPOINT_URL": _via(endpoint, far.port)}
+                    cold = _cold_rounds(work, spec, url, through, f"{index}-far", ways)
+                    rows.append(_row(f"{shape}, far", size, *cold))
                 for leftover in [*work.glob(f"*-{index}-*"), source]:  # outputs, caches
                     shutil.rmtree(leftover, ignore_errors=True)
                 os.sync()  # the next shape does not pay for this one's deletions (see above)
-                rows.append(
-                    {
-                        "shape": shape,
-                        "MB": round(size / 1e6),
-                        "s5cmd_s": round(peer, 2),
-                        "cold_s": round(cold, 2),
-                        "warm_s": round(warm, 3),
-                        "warm_runs_s": "-".join(f"{w:.3f}" for w in sorted(warms)),
-                        "cold_vs_s5cmd": round(peer / cold, 2),
-                        "cold_runs_s": "-".join(f"{c:.2f}" for c in sorted(colds)),
-                        "s5cmd_runs_s": "-".join(f"{p:.2f}" for p in sorted(peers)),
-                        **{f"{way}_s": round(statistics.median(forced[way]), 2) for way in ways},
-                    }
-                )
         finally:
+            if far is not None:
+                far.close()
             server.stop()
     columns = [
         "shape",
@@ -209,7 +271,12 @@ def main() -> int:
     print("\ntargets: cold_vs_s5cmd >= 1.0 (throughput ratio); warm_s <= 0.05 for both models")
     path = write_json(
         "staging_tls" if args.tls else "staging",
-        {"store_http2": args.store_http2, "ranges_both": args.ranges_both, "rows": rows},
+        {
+            "store_http2": args.store_http2,
+            "ranges_both": args.ranges_both,
+            **({"far_ms": args.far_ms, "far_mbps": args.far_mbps} if args.far_ms else {}),
+            "rows": rows,
+        },
     )
     print(f"wrote {path}")
     return 0

@@ -45,8 +45,12 @@ class Listener:
         raise NotImplementedError
 
     @property
+    def port(self) -> int:
+        return int(self._server.getsockname()[1])
+
+    @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self._server.getsockname()[1]}"
+        return f"http://127.0.0.1:{self.port}"
 
     def close(self) -> None:
         self._server.close()

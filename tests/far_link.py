@@ -1,0 +1,76 @@
+"""A link to a store far away, in front of a real server on 127.0.0.1: what the client sends
+arrives ``delay`` seconds later, and each connection's answers come at most ``rate`` bytes a
+second, as a cloud store paces each connection. Bytes pass unchanged, so TLS goes through it
+end to end.
+
+It is for the benchmarks' downloads (what the client sends is held piece by piece, so uploads
+would be slowed by more than the delay), on Linux (the answers are spliced from socket to
+socket, not copied through Python).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+from fault_proxy import Listener
+
+#: The most of an answer passed on at once (the pace is kept to within one of these).
+PIECE = 256 * 1024
+
+
+@dataclass
+class FarLink(Listener):
+    upstream_port: int
+    delay: float  # seconds each byte sent to the server takes to arrive
+    rate: float  # bytes a second each connection's answers come at, at most
+    connections: int = 0  # connections made through it
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._listen()
+
+    def _serve(self, client: socket.socket) -> None:
+        with self._lock:
+            self.connections += 1
+        with client, socket.create_connection(("127.0.0.1", self.upstream_port)) as upstream:
+            for end in (client, upstream):
+                end.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            answers = threading.Thread(target=self._answers, args=(upstream, client), daemon=True)
+            answers.start()
+            self._requests(client, upstream)
+            answers.join()
+
+    def _requests(self, client: socket.socket, upstream: socket.socket) -> None:
+        """What the client sends, each piece held ``delay`` before it is passed on: a request's
+        head, a TLS handshake's messages (a body sent in many pieces would wait for each)."""
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                time.sleep(self.delay)
+                upstream.sendall(data)
+        with contextlib.suppress(OSError):
+            upstream.shutdown(socket.SHUT_WR)
+
+    def _answers(self, upstream: socket.socket, client: socket.socket) -> None:
+        """The server's answers, spliced through a pipe, paced at ``rate``."""
+        read_end, write_end = os.pipe()
+        due = time.monotonic()
+        try:
+            while count := os.splice(upstream.fileno(), write_end, PIECE):
+                left = count
+                while left:
+                    left -= os.splice(read_end, client.fileno(), left)
+                now = time.monotonic()
+                due = max(due, now) + count / self.rate
+                time.sleep(max(0.0, due - now))
+        except OSError:
+            pass
+        finally:
+            os.close(read_end)
+            os.close(write_end)
+            with contextlib.suppress(OSError):
+                client.shutdown(socket.SHUT_WR)
