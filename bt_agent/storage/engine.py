@@ -118,7 +118,7 @@ class Tuning:
     concurrency: int = 16  # streamed ranges in flight per store, over all its downloads
     tls_part_size: int = 32 * MiB  # the range of each over TLS
     tls_piece: int = MiB  # ... handed over by the engine in pieces of this size
-    tls_ranges: int = 12  # ranges at once over TLS per store, over all its downloads
+    tls_ranges: int = 16  # ranges at once over TLS per store, over all its downloads
     whole_from_cores: int = 8  # from this many usable cores on, ranges are read whole
     whole_part_size: int = 4 * MiB  # the range of each read whole
     whole_ranges: int = 12  # ranges read whole at once per store, over all its downloads
