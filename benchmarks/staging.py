@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -51,8 +51,9 @@ WARM_RUNS = 3
 #: cold runs of the same build spread by up to 2x on this shared machine).
 COLD_RUNS = 3
 #: Every run's output (and node cache) is evicted from the page cache after the run and kept
-#: on disk until its shape is done (see ``_common.evict``): the disk must hold six copies of
-#: the largest shape (twelve with ``--ranges-both``).
+#: on disk until its shape's rounds are done (see ``_common.evict``; the far rounds come after
+#: the near ones are deleted): the disk must hold six copies of the largest shape (twelve with
+#: ``--ranges-both``).
 
 
 def _model(
@@ -166,6 +167,13 @@ def _row(
     return row
 
 
+def _clear(paths: Iterable[Path]) -> None:
+    """``paths`` deleted, and the deletions written back: the runs after do not pay for them."""
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+    os.sync()
+
+
 def _via(endpoint: str, port: int) -> str:
     """``endpoint`` with its port replaced: the same host name (the one its certificate is
     for), reached through the far link."""
@@ -244,13 +252,13 @@ def main() -> int:
                 for attempt in range(WARM_RUNS):  # each a fresh mount from the filled cache
                     warms.append(_stage(spec, work / f"warm-{index}-{attempt}", env))
                 rows.append(_row(shape, size, peers, colds, forced, warms))
+                _clear(work.glob(f"*-{index}-*"))  # outputs and caches: room for the far runs
                 if far is not None and shape != small:
                     through = {**env, "AWS_ENDPOINT_URL": _via(endpoint, far.port)}
                     cold = _cold_rounds(work, spec, url, through, f"{index}-far", ways)
                     rows.append(_row(f"{shape}, far", size, *cold))
-                for leftover in [*work.glob(f"*-{index}-*"), source]:  # outputs, caches
-                    shutil.rmtree(leftover, ignore_errors=True)
-                os.sync()  # the next shape does not pay for this one's deletions (see above)
+                    _clear(work.glob(f"*-{index}-*"))
+                _clear([source])
         finally:
             if far is not None:
                 far.close()
