@@ -1,7 +1,8 @@
 """One staging run for benchmarks/staging.py, timed inside the process (after imports), so the
 figure is the DEPLOYING phase itself. Usage: _stage_once.py SPEC NODE_ROOT [WAY] -> prints
-seconds. WAY, where given, is how large objects' ranges are read whatever the machine's cores
-(``whole``, or ``streamed``: in pieces over TLS), as ``Tuning.whole_from_cores`` would pick."""
+seconds and the process's peak RSS. WAY, where given, is how large objects' ranges are read
+whatever the machine's cores (``whole``, or ``streamed``: in pieces over TLS), as
+``Tuning.whole_from_cores`` would pick."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import io
 import json
 import sys
 import time
+
+from _common import vm_hwm_mib
 
 from bt_agent.context import ContextInputs, resolve
 from bt_agent.log import AgentLog
@@ -33,7 +36,7 @@ def main() -> None:
     context = resolve(ContextInputs(node_root=sys.argv[2]), environ, 1, 0, None)
     started = time.perf_counter()
     stage_job_weights(spec.job, context, environ, Secrets(), AgentLog(io.StringIO()))
-    print(json.dumps({"seconds": time.perf_counter() - started}))
+    print(json.dumps({"seconds": time.perf_counter() - started, "peak_rss_mib": vm_hwm_mib()}))
 
 
 if __name__ == "__main__":

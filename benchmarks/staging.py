@@ -18,7 +18,9 @@ machine's cores, beside the agent as it is (columns ``whole_s`` and ``streamed_s
 ``tests/far_link.py``): each request held that long, each connection's answers paced at
 ``--far-mbps``, as a cloud store paces one connection, so that how many ranges are in flight,
 and how large, shows as it would there.
-Targets: cold at least 1.0x s5cmd's throughput; warm at most 0.05 s for either model.
+Each row gives the agent's peak RSS (the largest of its runs; each forced way's too).
+Targets: cold at least 1.0x s5cmd's throughput; warm at most 0.05 s for either model; peak RSS
+at most 150 MB.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from _common import STORE_HTTP2_HELP, compile_agent, evict, table, write_json
@@ -83,7 +86,14 @@ def _upload(endpoint: str, env: dict[str, str], source: Path, url: str) -> None:
 WAYS = ("whole", "streamed")
 
 
-def _stage(spec: Path, node_root: Path, env: dict[str, str], way: str | None = None) -> float:
+class Staged(NamedTuple):
+    """One staging by the agent: its seconds (the DEPLOYING phase) and its peak RSS."""
+
+    seconds: float
+    peak_rss_mib: float
+
+
+def _stage(spec: Path, node_root: Path, env: dict[str, str], way: str | None = None) -> Staged:
     done = subprocess.run(
         [
             sys.executable,
@@ -99,7 +109,8 @@ def _stage(spec: Path, node_root: Path, env: dict[str, str], way: str | None = N
     )
     if done.returncode != 0:
         raise SystemExit(done.stderr[-3000:])
-    return float(json.loads(done.stdout)["seconds"])
+    said = json.loads(done.stdout)
+    return Staged(float(said["seconds"]), float(said["peak_rss_mib"]))
 
 
 def _s5cmd(endpoint: str, env: dict[str, str], url: str, target: Path) -> float:
@@ -113,8 +124,8 @@ def _s5cmd(endpoint: str, env: dict[str, str], url: str, target: Path) -> float:
     return time.perf_counter() - start
 
 
-#: What one shape's cold rounds measured: ``s5cmd``'s seconds, the agent's, and each forced way's.
-Cold = tuple[list[float], list[float], dict[str, list[float]]]
+#: What one shape's cold rounds measured: ``s5cmd``'s seconds, the agent's runs, each forced way's.
+Cold = tuple[list[float], list[Staged], dict[str, list[Staged]]]
 
 
 def _cold_rounds(
@@ -125,8 +136,9 @@ def _cold_rounds(
     is named after ``run`` and the round, evicted from the page cache and left on disk."""
     env = dict(env)
     endpoint = env["AWS_ENDPOINT_URL"]
-    peers, colds = [], []
-    forced: dict[str, list[float]] = {way: [] for way in ways}
+    peers: list[float] = []
+    colds: list[Staged] = []
+    forced: dict[str, list[Staged]] = {way: [] for way in ways}
     for attempt in range(COLD_RUNS):
         name = f"{run}-{attempt}"
         turns = [("s5cmd", name), ("agent", name), *((way, f"{way}-{name}") for way in ways)]
@@ -148,22 +160,26 @@ def _row(
     shape: str,
     size: int,
     peers: list[float],
-    colds: list[float],
-    forced: dict[str, list[float]],
-    warms: Sequence[float] = (),
+    runs: list[Staged],
+    forced: dict[str, list[Staged]],
+    warms: Sequence[Staged] = (),
 ) -> dict[str, object]:
-    """One line of the table: medians, and each run's seconds."""
+    """One line of the table: medians, each run's seconds, and the agent's peak RSS (the
+    largest of its runs, cold and warm)."""
+    colds = [run.seconds for run in runs]
     peer, cold = statistics.median(peers), statistics.median(colds)
     row: dict[str, object] = {"shape": shape, "MB": round(size / 1e6), "s5cmd_s": round(peer, 2)}
     row["cold_s"] = round(cold, 2)
     if warms:
-        row["warm_s"] = round(statistics.median(warms), 3)
-        row["warm_runs_s"] = "-".join(f"{w:.3f}" for w in sorted(warms))
+        row["warm_s"] = round(statistics.median(run.seconds for run in warms), 3)
+        row["warm_runs_s"] = "-".join(f"{run.seconds:.3f}" for run in sorted(warms))
     row["cold_vs_s5cmd"] = round(peer / cold, 2)
     row["cold_runs_s"] = "-".join(f"{c:.2f}" for c in sorted(colds))
     row["s5cmd_runs_s"] = "-".join(f"{p:.2f}" for p in sorted(peers))
-    for way, seconds in forced.items():
-        row[f"{way}_s"] = round(statistics.median(seconds), 2)
+    row["peak_rss_mib"] = max(run.peak_rss_mib for run in [*runs, *warms])
+    for way, staged in forced.items():
+        row[f"{way}_s"] = round(statistics.median(run.seconds for run in staged), 2)
+        row[f"{way}_rss_mib"] = max(run.peak_rss_mib for run in staged)
     return row
 
 
@@ -273,10 +289,14 @@ def main() -> int:
         "cold_runs_s",
         "warm_s",
         "warm_runs_s",
-        *(f"{way}_s" for way in ways),
+        "peak_rss_mib",
+        *(f"{way}_{what}" for way in ways for what in ("s", "rss_mib")),
     ]
     print(table(rows, columns))
-    print("\ntargets: cold_vs_s5cmd >= 1.0 (throughput ratio); warm_s <= 0.05 for both models")
+    print(
+        "\ntargets: cold_vs_s5cmd >= 1.0 (throughput ratio); warm_s <= 0.05 for both models; "
+        "peak_rss_mib <= 143 (150 MB)"
+    )
     path = write_json(
         "staging_tls" if args.tls else "staging",
         {
