@@ -26,7 +26,7 @@ PIECE = 256 * 1024
 @dataclass
 class FarLink(Listener):
     upstream_port: int
-    delay: float  # seconds each byte sent to the server takes to arrive
+    delay: float  # seconds each piece the client sends is held before it is passed on
     rate: float  # bytes a second each connection's answers come at, at most
     connections: int = 0  # connections made through it
 
