@@ -1,8 +1,8 @@
 """One staging run for benchmarks/staging.py, timed inside the process (after imports), so the
 figure is the DEPLOYING phase itself. Usage: _stage_once.py SPEC NODE_ROOT [WAY] -> prints
-seconds and the process's peak RSS. WAY, where given, is how large objects' ranges are read
-whatever the machine's cores (``whole``, or ``streamed``: in pieces over TLS), as
-``Tuning.whole_from_cores`` would pick."""
+seconds and the process's peak RSS. WAY, where given, is how large objects' ranges come
+whatever the machine's cores (``many``: as on many cores, or ``few``), as
+``Tuning.many_from_cores`` would pick."""
 
 from __future__ import annotations
 
@@ -22,14 +22,14 @@ from bt_agent.spec.loader import load
 from bt_agent.staging.weights import stage_job_weights
 from bt_agent.storage import engine
 
-#: ``Tuning.whole_from_cores`` that makes each way taken on any machine.
-WAYS = {"whole": 1, "streamed": 1 << 30}
+#: ``Tuning.many_from_cores`` that makes each way taken on any machine.
+WAYS = {"many": 1, "few": 1 << 30}
 
 
 def main() -> None:
     if len(sys.argv) > 3:
         engine.Tuning = functools.partial(  # type: ignore[misc]
-            engine.Tuning, whole_from_cores=WAYS[sys.argv[3]]
+            engine.Tuning, many_from_cores=WAYS[sys.argv[3]]
         )
     spec = load(sys.argv[1])
     environ = Environ.current()

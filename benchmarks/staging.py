@@ -11,9 +11,11 @@ three fresh mounts; s5cmd is timed as a whole command.
 With ``--tls`` the store is SeaweedFS's TLS port (its certificate signed by a CA of the run's
 own, trusted by both through ``AWS_CA_BUNDLE``), speaking HTTP/1.1 as AWS S3 and R2 do
 (``--store-http2``: offering HTTP/2 too).
-The agent reads a large object's ranges whole from 8 usable cores on, else streamed (in pieces
-over TLS); ``--ranges-both`` adds a cold run of each way to each round, forced whatever this
-machine's cores, beside the agent as it is (columns ``whole_s`` and ``streamed_s``).
+The agent fetches a large object's ranges one way from 8 usable cores on (many threads, each
+range in pieces the engine joins), another below (streamed over plain HTTP, in pieces on the
+engine's async face over TLS); ``--ranges-both`` adds a cold run of each way to each round,
+forced whatever this machine's cores, beside the agent as it is (columns ``many_s`` and
+``few_s``).
 ``--far-ms`` stages each model again, cold, through a link to a store far away (rows ", far";
 ``tests/far_link.py``): each request held that long, each connection's answers paced at
 ``--far-mbps``, as a cloud store paces one connection, so that how many ranges are in flight,
@@ -83,7 +85,7 @@ def _upload(endpoint: str, env: dict[str, str], source: Path, url: str) -> None:
 
 
 #: The ways of reading ranges that ``--ranges-both`` forces (``_stage_once.py``'s WAY).
-WAYS = ("whole", "streamed")
+WAYS = ("many", "few")
 
 
 class Staged(NamedTuple):
@@ -221,7 +223,7 @@ def main() -> int:
     parser.add_argument(
         "--ranges-both",
         action="store_true",
-        help="also stage cold with ranges read whole and streamed, whatever the cores",
+        help="also stage cold with ranges as on many cores and as on few, whatever the cores",
     )
     args = parser.parse_args()
     ways = WAYS if args.ranges_both else ()

@@ -27,7 +27,7 @@ MiB = 1024 * 1024
 
 
 def _store(
-    server: servers.SeaweedFS, policy: RetryPolicy, tls: bool = False, whole: bool = False
+    server: servers.SeaweedFS, policy: RetryPolicy, tls: bool = False, many: bool = False
 ) -> S3Store:
     bucket = f"f{uuid.uuid4().hex[:10]}"
     server.create_bucket(bucket)
@@ -45,8 +45,8 @@ def _store(
         concurrency=2,
         tls_part_size=5 * MiB,
         tls_ranges=2,
-        whole_from_cores=1 if whole else 1 << 30,  # read whole as on many cores, or never
-        whole_ranges=2,
+        many_from_cores=1 if many else 1 << 30,  # as on many cores, or never
+        many_ranges=2,
     )
     store.policy = policy
     return store
@@ -76,17 +76,19 @@ def test_store_killed_mid_upload_gives_a_clear_error(
 
 
 @pytest.mark.parametrize(
-    ("tls", "whole"), [(False, False), (True, False), (False, True)], ids=["http", "https", "whole"]
+    ("tls", "many"),
+    [(False, False), (True, False), (True, True)],
+    ids=["http", "https", "many-cores"],
 )
 def test_store_killed_mid_download_gives_a_clear_error_and_leaves_nothing(
-    own_s3: servers.SeaweedFS, tmp_path: Path, tls: bool, whole: bool
+    own_s3: servers.SeaweedFS, tmp_path: Path, tls: bool, many: bool
 ) -> None:
     """A store that dies while a large object comes in ranges (streamed over plain HTTP, in
-    pieces over TLS, read whole on many cores): each attempt ends once none of its ranges is in
+    pieces over TLS, on many threads on many cores): each attempt ends once none of its ranges is in
     flight, the last in a clear error naming the URI, and neither the destination nor a
     partial file is left."""
     policy = RetryPolicy(attempts=3, base_seconds=0.05, cap_seconds=0.2)
-    store = _store(own_s3, policy, tls, whole)
+    store = _store(own_s3, policy, tls, many)
     store.upload_file(_big_file(tmp_path, 400 * MiB), "model.bin")
     info = store.stat("model.bin")
     out = tmp_path / "out"

@@ -102,10 +102,14 @@ class Tuning:
 
     Both ways spend the least CPU per byte, which sets the pace where cores are few; but each
     piece is copied into a Python object while the interpreter's lock is held, and with many
-    cores that lock, not the CPU, sets the pace. From ``whole_from_cores`` usable cores on,
-    each range (``whole_part_size``) is read whole by the engine, outside the lock, into a
-    buffer handed over without a copy, and written in pieces of ``whole_write``: about
-    ``whole_ranges x whole_part_size`` bytes held per store.
+    cores that lock, and the one thread writing every piece over TLS, set the pace instead.
+    From ``many_from_cores`` usable cores on, ranges (``part_size``) stream on threads of their
+    own over either transport, ``many_ranges`` at once, each joined by the engine into pieces
+    of ``many_piece``: a thread is woken once a piece, and the pieces are written from many
+    threads at once. Ranges read whole (a buffer per range, handed over without a copy) came
+    sooner from a near store, but each holds its range's size, so only short ranges, few at
+    once, fit in memory: each waits for its first byte, a store far away paces each
+    connection, and from one those few short ranges took the least.
 
     Small objects go many at once: a store far away makes each request wait on its round
     trip, not on bandwidth, so the number in flight sets the pace (:class:`Pace`). The bodies
@@ -113,16 +117,15 @@ class Tuning:
     ``batch_bytes``."""
 
     multipart_threshold: int = 16 * MiB  # downloads above this: parallel ranged GETs
-    part_size: int = 32 * MiB  # the range of each, streamed (plain HTTP)
+    part_size: int = 32 * MiB  # the range of each, streamed (plain HTTP, or many cores)
     upload_part_size: int = 8 * MiB  # uploads above this: multipart, in parts of this size
     concurrency: int = 16  # streamed ranges in flight per store, over all its downloads
     tls_part_size: int = 32 * MiB  # the range of each over TLS
     tls_piece: int = MiB  # ... handed over by the engine in pieces of this size
     tls_ranges: int = 16  # ranges at once over TLS per store, over all its downloads
-    whole_from_cores: int = 8  # from this many usable cores on, ranges are read whole
-    whole_part_size: int = 4 * MiB  # the range of each read whole
-    whole_ranges: int = 12  # ranges read whole at once per store, over all its downloads
-    whole_write: int = MiB  # ... each written in pieces of this size
+    many_from_cores: int = 8  # from this many usable cores on, ranges go as on many cores
+    many_ranges: int = 24  # ... that many at once per store, over all its downloads
+    many_piece: int = 256 * 1024  # ... each handed over in pieces of this size
     upload_concurrency: int = 4  # parts in flight per multipart upload
     multipart_uploads: int = 2  # multipart uploads at once per store (others wait their turn)
     list_page_size: int = 1000
@@ -133,9 +136,9 @@ class Tuning:
     batch_puts: int = 128  # ... at most, while more go faster
     batch_bytes: int = 32 * MiB  # bodies held at most at once by a batch or a stream
 
-    def reads_whole(self) -> bool:
-        """Whether ranges are read whole: this process may use ``whole_from_cores`` cores."""
-        return usable_cores() >= self.whole_from_cores
+    def many_cores(self) -> bool:
+        """Whether ranges go as on many cores: this process may use ``many_from_cores``."""
+        return usable_cores() >= self.many_from_cores
 
     def part_size_for(self, size: int, base: int) -> int:
         """``base``, or more where ``size`` would need more than 10,000 parts of it."""
@@ -497,12 +500,13 @@ class EngineStore(ObjectStore):
                 handle.write(chunk)
         return Fetched(info.sha256, digest.hexdigest(), info.version)
 
-    def _chunks(self, key: str, result: Any) -> Iterator[Any]:
-        """The body of a GET as the connection hands it over, the engine's errors typed (the
-        caller's own, writing them, pass as they are). Pieces are not joined into larger ones:
-        that costs a fresh buffer per piece, touched page by page, which made a large download
-        spend twice the system time of writing the same bytes."""
-        stream = iter(result.stream(min_chunk_size=0))
+    def _chunks(self, key: str, result: Any, piece: int = 0) -> Iterator[Any]:
+        """The body of a GET in pieces of at least ``piece`` bytes (0: as the connection hands
+        it over), the engine's errors typed (the caller's own, writing them, pass as they
+        are). Where cores are few pieces are not joined into larger ones: that costs a fresh
+        buffer per piece, touched page by page, which made a large download spend twice the
+        system time of writing the same bytes."""
+        stream = iter(result.stream(min_chunk_size=piece))
         while True:
             try:
                 chunk = next(stream)
@@ -514,19 +518,20 @@ class EngineStore(ObjectStore):
 
     def _download_ranges(self, key: str, target: Path, info: ObjectInfo) -> Fetched:
         """Ranges in parallel, each written at its offset (:class:`Tuning` says which way):
-        read whole on the range threads where cores are many; else streamed on them over
-        plain HTTP, in pieces the engine joins on its async face over TLS. Each range is asked
-        of the version ``info`` names (``If-Match``), so all are of one."""
+        streamed on the range threads where cores are many or over plain HTTP (the engine
+        joining pieces where cores are many), in pieces the engine joins on its async face
+        over TLS. Each range is asked of the version ``info`` names (``If-Match``), so all
+        are of one."""
         tuning = self.tuning
-        whole = tuning.reads_whole()
-        if whole or self.plain_http:
-            base, pool, fetch = (
-                (tuning.whole_part_size, ("bt-whole", tuning.whole_ranges), self._fetch_whole_range)
-                if whole
-                else (tuning.part_size, ("bt-ranges", tuning.concurrency), self._fetch_range)
+        if tuning.many_cores() or self.plain_http:
+            pool, piece = (
+                (("bt-many", tuning.many_ranges), tuning.many_piece)
+                if tuning.many_cores()
+                else (("bt-ranges", tuning.concurrency), 0)
             )
-            part = tuning.part_size_for(info.size, base)
-            self._thread_ranges(target, info.size, part, pool, functools.partial(fetch, key, info))
+            part = tuning.part_size_for(info.size, tuning.part_size)
+            fetch = functools.partial(self._fetch_range, key, info, piece)
+            self._thread_ranges(target, info.size, part, pool, fetch)
         else:
             part = tuning.part_size_for(info.size, tuning.tls_part_size)
             loop = self._event_loop()
@@ -564,26 +569,18 @@ class EngineStore(ObjectStore):
         finally:
             os.close(fd)
 
-    def _fetch_range(self, key: str, info: ObjectInfo, fd: int, start: int, length: int) -> None:
-        """One range, written at its offset as it streams in, not a buffer of the range's size
-        per request (fresh memory costs a page fault per 4 KiB)."""
+    def _fetch_range(
+        self, key: str, info: ObjectInfo, piece: int, fd: int, start: int, length: int
+    ) -> None:
+        """One range, written at its offset as it streams in, in pieces of at least ``piece``
+        bytes joined by the engine (0: as the connection hands them over), not a buffer of
+        the range's size per request (fresh memory costs a page fault per 4 KiB)."""
         result = self._get_range(key, info, start, length)
         offset = start
-        for chunk in self._chunks(key, result):
+        for chunk in self._chunks(key, result, piece):
             offset += _write_at(fd, memoryview(chunk), offset)
         if offset - start != length:
             raise self._short_read(key, start)
-
-    def _fetch_whole_range(
-        self, key: str, info: ObjectInfo, fd: int, start: int, length: int
-    ) -> None:
-        """One range read whole by the engine (the interpreter's lock is let go meanwhile) into
-        a buffer handed over as it is, then written at its offset."""
-        result = self._get_range(key, info, start, length)
-        body = memoryview(self._engine_call(key, lambda _: result.bytes()))
-        if len(body) != length:
-            raise self._short_read(key, start)
-        _write_at(fd, body, start, self.tuning.whole_write)
 
     def _get_range(self, key: str, info: ObjectInfo, start: int, length: int) -> Any:
         """The engine's answer to a GET of one range of the version ``info`` names."""
