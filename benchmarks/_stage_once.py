@@ -1,12 +1,9 @@
 """One staging run for benchmarks/staging.py, timed inside the process (after imports), so the
-figure is the DEPLOYING phase itself. Usage: _stage_once.py SPEC NODE_ROOT [WAY] -> prints
-seconds and the process's peak RSS. WAY, where given, is how large objects' ranges come
-whatever the machine's cores (``many``: as on many cores, or ``few``), as
-``Tuning.many_from_cores`` would pick."""
+figure is the DEPLOYING phase itself. Usage: _stage_once.py SPEC NODE_ROOT -> prints seconds
+and the process's peak RSS."""
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 import sys
@@ -20,17 +17,9 @@ from bt_agent.secrets import Secrets
 from bt_agent.settings import Environ
 from bt_agent.spec.loader import load
 from bt_agent.staging.weights import stage_job_weights
-from bt_agent.storage import engine
-
-#: ``Tuning.many_from_cores`` that makes each way taken on any machine.
-WAYS = {"many": 1, "few": 1 << 30}
 
 
 def main() -> None:
-    if len(sys.argv) > 3:
-        engine.Tuning = functools.partial(  # type: ignore[misc]
-            engine.Tuning, many_from_cores=WAYS[sys.argv[3]]
-        )
     spec = load(sys.argv[1])
     environ = Environ.current()
     context = resolve(ContextInputs(node_root=sys.argv[2]), environ, 1, 0, None)

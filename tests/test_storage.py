@@ -9,7 +9,6 @@ of a test CA).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -41,7 +40,7 @@ from bt_agent.settings import Environ
 from bt_agent.storage import ObjectStore, open_store
 from bt_agent.storage.azure import AzureStore
 from bt_agent.storage.base import ObjectInfo, Upload, Wanted
-from bt_agent.storage.engine import EngineStore, Proxies, Tuning
+from bt_agent.storage.engine import Proxies, Tuning
 from bt_agent.storage.file import SYNCFS_MIN_FILES, syncfs
 from bt_agent.storage.gcs import GCSStore
 from bt_agent.storage.hf import HFStore
@@ -49,38 +48,13 @@ from bt_agent.storage.s3 import S3Store
 from bt_agent.storage.transfer import download_tree, upload_tree
 
 MiB = 1024 * 1024
-#: Ranges go as on many cores only where a test asks (else a machine of many cores would
-#: change which way the suite takes).
-NEVER_MANY = 1 << 30
 SMALL_TUNING = Tuning(
     multipart_threshold=5 * MiB,
     part_size=5 * MiB,
     upload_part_size=5 * MiB,
-    concurrency=4,
+    ranges=4,
     list_page_size=50,
-    many_from_cores=NEVER_MANY,
 )
-#: The ways a large object's ranges come: streamed (plain HTTP), in pieces the engine joins
-#: on its async face (TLS), or on many threads in pieces it joins (many cores), as
-#: ``(tls, many)``.
-RANGE_WAYS = {
-    "streamed": (False, False),
-    "pieces": (True, False),
-    "many-cores-http": (False, True),
-    "many-cores-https": (True, True),
-}
-
-
-def _as_on_many_cores(store: ObjectStore) -> None:
-    """Have ``store`` fetch its ranges as on a machine of many cores."""
-    assert isinstance(store, EngineStore)
-    store.tuning = dataclasses.replace(store.tuning, many_from_cores=1)
-
-
-def _went_as_on_many_cores(store: ObjectStore) -> bool:
-    """Whether ``store``'s ranges went as on many cores (their threads are of their own)."""
-    assert isinstance(store, EngineStore)
-    return "bt-many" in store._pools
 
 
 # "s3-tls" is the same SeaweedFS over https, its certificate trusted through AWS_CA_BUNDLE;
@@ -309,7 +283,7 @@ def test_closing_a_store_lets_a_download_in_flight_finish(
     s3_server: servers.SeaweedFS, tmp_path: Path, tls: bool
 ) -> None:
     """A store closed while another thread's large download is under way (its ranges on the
-    range threads, or over TLS on the store's event loop) lets that download finish whole."""
+    range threads) lets that download finish whole."""
     data = os.urandom(96 * MiB + 5)
     store, key = _one(_s3(s3_server, "s3-tls" if tls else "s3"), data)
     info = store.stat(key)
@@ -464,19 +438,16 @@ def test_an_object_replaced_since_its_listing_is_not_fetched(
     assert target.read_bytes() == payload(size, seed=1)
 
 
-@pytest.mark.parametrize("way", RANGE_WAYS)
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
 def test_ranges_are_all_of_the_version_they_began_with(
-    s3_server: servers.SeaweedFS, tmp_path: Path, way: str
+    s3_server: servers.SeaweedFS, tmp_path: Path, tls: bool
 ) -> None:
     """An object replaced while its ranges are fetched (here: just after the request that
-    found its version) fails with ChangedError, whichever way the ranges come: each asks for
-    that version (``If-Match``), so no file is made of two versions' ranges."""
-    tls, many = RANGE_WAYS[way]
+    found its version) fails with ChangedError: each range asks for that version
+    (``If-Match``), so no file is made of two versions' ranges."""
     backend = _s3(s3_server, "s3-tls" if tls else "s3")
     store, key = _one(backend, payload(12 * MiB + 7, seed=0))
     assert isinstance(store, S3Store)
-    if many:
-        _as_on_many_cores(store)
     found = store._stat
 
     def then_replaced(stated: str) -> ObjectInfo:
@@ -572,36 +543,28 @@ def test_wrong_credentials(backend: Backend, s3_server: servers.SeaweedFS) -> No
             single_object()
 
 
-@pytest.mark.parametrize("way", RANGE_WAYS)
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
 def test_s3_ranges_land_at_their_offsets(
-    s3_server: servers.SeaweedFS, tmp_path: Path, way: str
+    s3_server: servers.SeaweedFS, tmp_path: Path, tls: bool
 ) -> None:
     """A large object comes in ranges fetched in parallel, each way they can come; the bytes
     (random: a range at a wrong offset would show) land where they belong."""
-    tls, many = RANGE_WAYS[way]
     data = os.urandom(12 * MiB + 7)
     store, key = _one(_s3(s3_server, "s3-tls" if tls else "s3"), data)
-    if many:
-        _as_on_many_cores(store)
     target = tmp_path / "model.bin"
     store.download(key, target, store.stat(key))
     assert target.read_bytes() == data
-    assert _went_as_on_many_cores(store) == many
 
 
 @pytest.mark.parametrize("backend", ["azure", "azure-tls", "r2"], indirect=True)
-def test_ranges_as_on_many_cores_land_on_every_engine_backend(
-    backend: Backend, tmp_path: Path
-) -> None:
-    """Azure's and R2's stores fetch ranges as on many cores too, each of the version listed,
+def test_ranges_land_on_every_engine_backend(backend: Backend, tmp_path: Path) -> None:
+    """Azure's and R2's stores fetch large objects in ranges too, each of the version listed,
     each landing at its offset."""
     data = os.urandom(12 * MiB + 7)
     store, key = _one(backend, data)
-    _as_on_many_cores(store)
     target = tmp_path / "model.bin"
     store.download(key, target, store.list("dir/")[0])
     assert target.read_bytes() == data
-    assert _went_as_on_many_cores(store)
 
 
 PRINT_PEAK_MIB = """
@@ -659,19 +622,16 @@ from pathlib import Path
 from bt_agent.storage import open_store
 from bt_agent.storage.transfer import download_tree
 with open_store(sys.argv[1]) as store:
-    store.tuning = dataclasses.replace(store.tuning, many_from_cores=int(sys.argv[3]))
     download_tree(store, "", Path(sys.argv[2]))
 """  # then PRINT_PEAK_MIB
 
 
-@pytest.mark.parametrize("many", [False, True], ids=["pieces", "many-cores"])
 def test_s3_downloads_over_tls_at_once_hold_bounded_memory(
-    s3_server: servers.SeaweedFS, tmp_path: Path, many: bool
+    s3_server: servers.SeaweedFS, tmp_path: Path
 ) -> None:
-    """Over TLS the engine joins each range's body into pieces before they are written, on
-    its async face or (many cores) on many threads: either way the ranges at once are bounded
-    per store, not per download (eight 40 MiB files at once, as staging fetches them, would
-    hold each file's ranges otherwise)."""
+    """Over TLS the engine joins each range's body into pieces before they are written, and
+    the ranges at once are bounded per store, not per download (eight 40 MiB files at once,
+    as staging fetches them, would hold each file's ranges otherwise)."""
     bucket = f"b{uuid.uuid4().hex[:12]}"
     s3_server.create_bucket(bucket)
     client = s3_server.client()
@@ -686,7 +646,6 @@ def test_s3_downloads_over_tls_at_once_hold_bounded_memory(
             DOWNLOAD_MEMORY_CHECK + PRINT_PEAK_MIB,
             f"s3://{bucket}/m",
             str(target),
-            str(1 if many else NEVER_MANY),
         ],
         env={**os.environ, **s3_server.client_env(tls=True)},
         capture_output=True,
@@ -1031,7 +990,6 @@ def test_part_size_keeps_huge_files_under_10000_parts() -> None:
         bases = (
             tuning.part_size,
             tuning.upload_part_size,
-            tuning.tls_part_size,
         )
         for base in bases:
             part = tuning.part_size_for(size, base)

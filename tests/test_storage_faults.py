@@ -26,9 +26,7 @@ from bt_agent.storage.s3 import S3Store
 MiB = 1024 * 1024
 
 
-def _store(
-    server: servers.SeaweedFS, policy: RetryPolicy, tls: bool = False, many: bool = False
-) -> S3Store:
+def _store(server: servers.SeaweedFS, policy: RetryPolicy, tls: bool = False) -> S3Store:
     bucket = f"f{uuid.uuid4().hex[:10]}"
     server.create_bucket(bucket)
     secret = (
@@ -42,11 +40,7 @@ def _store(
         multipart_threshold=5 * MiB,
         part_size=5 * MiB,
         upload_part_size=5 * MiB,
-        concurrency=2,
-        tls_part_size=5 * MiB,
-        tls_ranges=2,
-        many_from_cores=1 if many else 1 << 30,  # as on many cores, or never
-        many_ranges=2,
+        ranges=2,
     )
     store.policy = policy
     return store
@@ -75,20 +69,15 @@ def test_store_killed_mid_upload_gives_a_clear_error(
     assert time.monotonic() - started < 60
 
 
-@pytest.mark.parametrize(
-    ("tls", "many"),
-    [(False, False), (True, False), (True, True)],
-    ids=["http", "https", "many-cores"],
-)
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
 def test_store_killed_mid_download_gives_a_clear_error_and_leaves_nothing(
-    own_s3: servers.SeaweedFS, tmp_path: Path, tls: bool, many: bool
+    own_s3: servers.SeaweedFS, tmp_path: Path, tls: bool
 ) -> None:
-    """A store that dies while a large object comes in ranges (streamed over plain HTTP, in
-    pieces over TLS, on many threads on many cores): each attempt ends once none of its ranges is in
-    flight, the last in a clear error naming the URI, and neither the destination nor a
-    partial file is left."""
+    """A store that dies while a large object comes in ranges: each attempt ends once none
+    of its ranges is in flight, the last in a clear error naming the URI, and neither the
+    destination nor a partial file is left."""
     policy = RetryPolicy(attempts=3, base_seconds=0.05, cap_seconds=0.2)
-    store = _store(own_s3, policy, tls, many)
+    store = _store(own_s3, policy, tls)
     store.upload_file(_big_file(tmp_path, 400 * MiB), "model.bin")
     info = store.stat("model.bin")
     out = tmp_path / "out"

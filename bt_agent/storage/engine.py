@@ -21,7 +21,7 @@ import os
 import re
 import threading
 from abc import abstractmethod
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from bt_agent.cores import usable_cores
 from bt_agent.errors import (
     AccessDeniedError,
     IntegrityError,
@@ -48,12 +47,10 @@ from bt_agent.storage.base import (
     is_http_url,
     untrusted_certificate,
 )
-from bt_agent.storage.flight import DaemonLoop, DaemonPool, InFlight, Pace
+from bt_agent.storage.flight import DaemonPool, InFlight, Pace
 from bt_agent.storage.keys import join_key, relative_key
 
 if TYPE_CHECKING:
-    import asyncio
-
     from obstore import GetOptions
     from obstore.store import ClientConfig, RetryConfig
 
@@ -93,23 +90,17 @@ class Tuning:
     one upload's parts are read and hashed one after another, and its completion waits on the
     store.
 
-    Ranged downloads over plain HTTP are written as they arrive and hold next to nothing. Over
-    TLS the engine's own threads join each range's body into pieces of ``tls_piece``, each
-    written as it comes: a thread that waited on the body as the connection handed it over was
-    woken for every TLS record (a few KiB), which cost more CPU than the decryption. Those
-    hold about ``tls_ranges x tls_piece`` bytes per store (a piece being written, and the
-    engine joining the next).
-
-    Both ways spend the least CPU per byte, which sets the pace where cores are few; but each
-    piece is copied into a Python object while the interpreter's lock is held, and with many
-    cores that lock, and the one thread writing every piece over TLS, set the pace instead.
-    From ``many_from_cores`` usable cores on, ranges (``part_size``) stream on threads of their
-    own over either transport, ``many_ranges`` at once, each joined by the engine into pieces
-    of ``many_piece``: a thread is woken once a piece, and the pieces are written from many
-    threads at once. Ranges read whole (a buffer per range, handed over without a copy) came
-    sooner from a near store, but each holds its range's size, so only short ranges, few at
-    once, fit in memory: each waits for its first byte, a store far away paces each
-    connection, and from one those few short ranges took the least.
+    Large downloads come in ranges of ``part_size``, ``ranges`` at once per store over all its
+    downloads, each on a thread of the store's own, its body joined by the engine into pieces
+    of at least ``piece`` bytes, each written at its offset as it comes: a thread woken as the
+    connection hands the body over would be woken for every TLS record (a few KiB), which costs
+    more CPU than the decryption. Each piece is copied into a Python object under the
+    interpreter's lock; written from many threads, not one, the pieces let many cores share the
+    work. A store far away paces each connection and makes each request wait for its first
+    byte, so long ranges, many at once, take the most from it; ranges read whole (a buffer of
+    the range's size each) would fit in memory only short and few. They hold about
+    ``ranges x 2 x piece`` bytes per store (a piece being written, and the engine joining the
+    next).
 
     Small objects go many at once: a store far away makes each request wait on its round
     trip, not on bandwidth, so the number in flight sets the pace (:class:`Pace`). The bodies
@@ -117,15 +108,10 @@ class Tuning:
     ``batch_bytes``."""
 
     multipart_threshold: int = 16 * MiB  # downloads above this: parallel ranged GETs
-    part_size: int = 32 * MiB  # the range of each, streamed (plain HTTP, or many cores)
+    part_size: int = 32 * MiB  # the range of each
+    ranges: int = 24  # ranges at once per store, over all its downloads
+    piece: int = 256 * 1024  # ... each handed over by the engine in pieces of this size
     upload_part_size: int = 8 * MiB  # uploads above this: multipart, in parts of this size
-    concurrency: int = 16  # streamed ranges in flight per store, over all its downloads
-    tls_part_size: int = 32 * MiB  # the range of each over TLS
-    tls_piece: int = MiB  # ... handed over by the engine in pieces of this size
-    tls_ranges: int = 16  # ranges at once over TLS per store, over all its downloads
-    many_from_cores: int = 8  # from this many usable cores on, ranges go as on many cores
-    many_ranges: int = 24  # ... that many at once per store, over all its downloads
-    many_piece: int = 256 * 1024  # ... each handed over in pieces of this size
     upload_concurrency: int = 4  # parts in flight per multipart upload
     multipart_uploads: int = 2  # multipart uploads at once per store (others wait their turn)
     list_page_size: int = 1000
@@ -135,10 +121,6 @@ class Tuning:
     batch_puts_from: int = 32  # PUTs at once in an upload stream, at first
     batch_puts: int = 128  # ... at most, while more go faster
     batch_bytes: int = 32 * MiB  # bodies held at most at once by a batch or a stream
-
-    def many_cores(self) -> bool:
-        """Whether ranges go as on many cores: this process may use ``many_from_cores``."""
-        return usable_cores() >= self.many_from_cores
 
     def part_size_for(self, size: int, base: int) -> int:
         """``base``, or more where ``size`` would need more than 10,000 parts of it."""
@@ -188,7 +170,6 @@ class EngineStore(ObjectStore):
         self._engine: Any = None
         self._lock = threading.Lock()
         self._pools: dict[str, DaemonPool] = {}  # by name: ranges, batches
-        self._loop: DaemonLoop | None = None  # the engine's async face: ranges over TLS
         self._multipart = threading.BoundedSemaphore(self.tuning.multipart_uploads)
 
     @abstractmethod
@@ -288,9 +269,6 @@ class EngineStore(ObjectStore):
             for pool in self._pools.values():
                 pool.shutdown()
             self._pools.clear()
-            if self._loop is not None:
-                self._loop.shutdown()
-                self._loop = None
 
     def engine_threads(self) -> list[int]:
         """The engine's runtime (tokio's threads: one runtime per process, shared by every
@@ -322,13 +300,6 @@ class EngineStore(ObjectStore):
         tuning = self.tuning
         pool = self._pool(name, most)
         return InFlight(pool, Pace(least, most), tuning.batch_bytes, tuning.batch_max_size)
-
-    def _event_loop(self) -> DaemonLoop:
-        """The store's event loop, on a thread of its own, started at first use."""
-        with self._lock:
-            if self._loop is None:
-                self._loop = DaemonLoop("bt-tls-ranges", self.tuning.tls_ranges)
-            return self._loop
 
     def _key(self, key: str) -> str:
         return join_key(self.prefix, key)
@@ -500,13 +471,10 @@ class EngineStore(ObjectStore):
                 handle.write(chunk)
         return Fetched(info.sha256, digest.hexdigest(), info.version)
 
-    def _chunks(self, key: str, result: Any, piece: int = 0) -> Iterator[Any]:
-        """The body of a GET in pieces of at least ``piece`` bytes (0: as the connection hands
-        it over), the engine's errors typed (the caller's own, writing them, pass as they
-        are). Where cores are few pieces are not joined into larger ones: that costs a fresh
-        buffer per piece, touched page by page, which made a large download spend twice the
-        system time of writing the same bytes."""
-        stream = iter(result.stream(min_chunk_size=piece))
+    def _chunks(self, key: str, result: Any) -> Iterator[Any]:
+        """The body of a GET in the pieces the engine joins (``Tuning.piece``), the engine's
+        errors typed (the caller's own, writing them, pass as they are)."""
+        stream = iter(result.stream(min_chunk_size=self.tuning.piece))
         while True:
             try:
                 chunk = next(stream)
@@ -517,43 +485,24 @@ class EngineStore(ObjectStore):
             yield chunk
 
     def _download_ranges(self, key: str, target: Path, info: ObjectInfo) -> Fetched:
-        """Ranges in parallel, each written at its offset (:class:`Tuning` says which way):
-        streamed on the range threads where cores are many or over plain HTTP (the engine
-        joining pieces where cores are many), in pieces the engine joins on its async face
-        over TLS. Each range is asked of the version ``info`` names (``If-Match``), so all
-        are of one."""
+        """Ranges in parallel on the store's range threads (:class:`Tuning`), each asked of the
+        version ``info`` names (``If-Match``), so all are of one, and written at its offset
+        into ``target``, made the object's size first. After a failure no more ranges start,
+        and the first error is raised only once none is in flight: none may write to the file
+        once it is closed, and no request of the engine may still be out when the caller goes
+        on, or the interpreter ends."""
         tuning = self.tuning
-        if tuning.many_cores() or self.plain_http:
-            pool, piece = (
-                (("bt-many", tuning.many_ranges), tuning.many_piece)
-                if tuning.many_cores()
-                else (("bt-ranges", tuning.concurrency), 0)
-            )
-            part = tuning.part_size_for(info.size, tuning.part_size)
-            fetch = functools.partial(self._fetch_range, key, info, piece)
-            self._thread_ranges(target, info.size, part, pool, fetch)
-        else:
-            part = tuning.part_size_for(info.size, tuning.tls_part_size)
-            loop = self._event_loop()
-            loop.run(self._read_ranges(key, target, info, part, loop.room))
-        return Fetched(info.sha256, None, info.version)
-
-    def _thread_ranges(
-        self,
-        target: Path,
-        size: int,
-        part: int,
-        pool: tuple[str, int],
-        fetch: Callable[[int, int, int], None],
-    ) -> None:
-        """Every range of ``part`` bytes of ``size`` on the threads of ``pool`` (its name and
-        size), each fetched into ``target`` by ``fetch(fd, start, length)``."""
+        size = info.size
+        part = tuning.part_size_for(size, tuning.part_size)
+        pool = self._pool("bt-ranges", tuning.ranges)
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, size)
             futures = [
-                self._pool(*pool).submit(
-                    functools.partial(fetch, fd, start, min(part, size - start))
+                pool.submit(
+                    functools.partial(
+                        self._fetch_range, key, info, fd, start, min(part, size - start)
+                    )
                 )
                 for start in range(0, size, part)
             ]
@@ -563,21 +512,20 @@ class EngineStore(ObjectStore):
             finally:
                 for future in futures:
                     future.cancel()
-                for future in futures:  # none may write to the descriptor once it is closed
+                for future in futures:
                     if not future.cancelled():
                         future.exception()
         finally:
             os.close(fd)
+        return Fetched(info.sha256, None, info.version)
 
-    def _fetch_range(
-        self, key: str, info: ObjectInfo, piece: int, fd: int, start: int, length: int
-    ) -> None:
-        """One range, written at its offset as it streams in, in pieces of at least ``piece``
-        bytes joined by the engine (0: as the connection hands them over), not a buffer of
-        the range's size per request (fresh memory costs a page fault per 4 KiB)."""
+    def _fetch_range(self, key: str, info: ObjectInfo, fd: int, start: int, length: int) -> None:
+        """One range, written at its offset as it streams in, in the pieces the engine joins,
+        not a buffer of the range's size per request (fresh memory costs a page fault per 4
+        KiB)."""
         result = self._get_range(key, info, start, length)
         offset = start
-        for chunk in self._chunks(key, result, piece):
+        for chunk in self._chunks(key, result):
             offset += _write_at(fd, memoryview(chunk), offset)
         if offset - start != length:
             raise self._short_read(key, start)
@@ -593,71 +541,6 @@ class EngineStore(ObjectStore):
 
     def _short_read(self, key: str, start: int) -> TransientStoreError:
         return TransientStoreError(f"{self.uri(key)}: short read at {start}", self.uri(key))
-
-    async def _read_ranges(
-        self, key: str, target: Path, info: ObjectInfo, part: int, room: asyncio.Semaphore
-    ) -> None:
-        """Every range of ``key``, at most ``room`` at once over the store, each written at its
-        offset on the loop's thread, piece by piece as the engine joins them. After a failure
-        no more ranges start, and it returns (raising the first error) only once none is in
-        flight: no request of the engine may still be out when the caller goes on, or the
-        interpreter ends."""
-        import asyncio
-
-        failed: list[Exception] = []
-
-        async def one(start: int, length: int) -> None:
-            async with room:
-                if failed:
-                    return
-                try:
-                    await self._fetch_pieces(key, info, fd, start, length)
-                except Exception as exc:
-                    failed.append(exc)
-
-        size = info.size
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.ftruncate(fd, size)
-            await asyncio.gather(
-                *(one(start, min(part, size - start)) for start in range(0, size, part))
-            )
-        finally:
-            os.close(fd)
-        if failed:
-            raise failed[0]
-
-    async def _fetch_pieces(
-        self, key: str, info: ObjectInfo, fd: int, start: int, length: int
-    ) -> None:
-        """One range over TLS, each piece the engine hands over written at its offset; the
-        engine's errors typed, the file system's as they are."""
-        import obstore
-
-        options = _get_options(info.version, start, length)
-        try:
-            result = await obstore.get_async(self.engine, self._key(key), options=options)
-        except Exception as exc:
-            raise self._error(exc, key) from None
-        offset = start
-        async for piece in self._pieces(key, result):
-            offset += _write_at(fd, memoryview(piece), offset)
-        if offset - start != length:
-            raise self._short_read(key, start)
-
-    async def _pieces(self, key: str, result: Any) -> AsyncIterator[Any]:
-        """:meth:`_chunks` on the engine's async face: the body in pieces of ``tls_piece``,
-        which the engine joins on its own threads (there the waiting thread is woken once a
-        piece, not once a TLS record)."""
-        stream = aiter(result.stream(min_chunk_size=self.tuning.tls_piece))
-        while True:
-            try:
-                piece = await anext(stream)
-            except StopAsyncIteration:
-                return
-            except Exception as exc:
-                raise self._error(exc, key) from None
-            yield piece
 
     def _upload(self, path: Path, key: str) -> str:
         """Below the part size, one PUT with the sha256 as metadata; above, a multipart upload

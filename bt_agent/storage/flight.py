@@ -1,8 +1,7 @@
 """Calls in flight on threads of a store's own: how many at once (:class:`Pace`, which finds
 how many are worth it), within a budget of bytes held (:class:`InFlight`), on daemon threads
-(:class:`DaemonPool`) or a daemon thread's event loop (:class:`DaemonLoop`) that a stopped agent
-never waits for. The engine's stores (:mod:`bt_agent.storage.engine`) run their batches, upload
-streams and ranges on them."""
+(:class:`DaemonPool`) that a stopped agent never waits for. The engine's stores
+(:mod:`bt_agent.storage.engine`) run their batches, upload streams and ranges on them."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import functools
 import queue
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
 
@@ -183,38 +182,3 @@ class DaemonPool:
                 except BaseException as exc:  # the caller's to raise, from future.result()
                     future.set_exception(exc)
             self._idle.release()
-
-
-class DaemonLoop:
-    """An event loop on a daemon thread (as the range threads are), for the engine's async
-    face, with the store's ``room`` for ranges over TLS."""
-
-    def __init__(self, name: str, room: int) -> None:
-        import asyncio
-
-        self._loop = asyncio.new_event_loop()
-        self.room = asyncio.Semaphore(room)
-        threading.Thread(target=self._work, name=name, daemon=True).start()
-
-    def run(self, work: Coroutine[Any, Any, T]) -> T:
-        """``work`` run on the loop; its result, once it is done."""
-        import asyncio
-
-        return asyncio.run_coroutine_threadsafe(work, self._loop).result()
-
-    def shutdown(self) -> None:
-        """The loop stops once the work already on it is done, and is closed."""
-        import asyncio
-
-        async def once_idle() -> None:
-            others = asyncio.all_tasks() - {asyncio.current_task()}
-            await asyncio.gather(*others, return_exceptions=True)
-            self._loop.stop()
-
-        asyncio.run_coroutine_threadsafe(once_idle(), self._loop)
-
-    def _work(self) -> None:
-        try:
-            self._loop.run_forever()
-        finally:
-            self._loop.close()
