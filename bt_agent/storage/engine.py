@@ -91,16 +91,16 @@ class Tuning:
     store.
 
     Large downloads come in ranges of ``part_size``, ``ranges`` at once per store over all its
-    downloads, each on a thread of the store's own, its body joined by the engine into pieces
-    of at least ``piece`` bytes, each written at its offset as it comes: a thread woken as the
-    connection hands the body over would be woken for every TLS record (a few KiB), which costs
-    more CPU than the decryption. Each piece is copied into a Python object under the
-    interpreter's lock; written from many threads, not one, the pieces let many cores share the
-    work. A store far away paces each connection and makes each request wait for its first
-    byte, so long ranges, many at once, take the most from it; ranges read whole (a buffer of
-    the range's size each) would fit in memory only short and few. They hold about
-    ``ranges x 2 x piece`` bytes per store (a piece being written, and the engine joining the
-    next).
+    downloads, each on a thread of the store's own, its body joined by the engine (outside the
+    interpreter's lock) into pieces of at least ``piece`` bytes, each written at its offset as
+    it comes: a thread that took the body as the connection hands it over took the lock for
+    every TLS record (a few KiB), which cost more CPU than the decryption. Each piece is copied
+    into a Python object under the lock; written from many threads, not one, the pieces let
+    many cores share the work. A store far away paces each connection and makes each request
+    wait for its first byte, so long ranges, many at once, take the most from it; ranges read
+    whole (a buffer of the range's size each) would fit in memory only short and few. They
+    hold about ``ranges x 2 x piece`` bytes per store (a piece being written, and the engine
+    joining the next).
 
     Small objects go many at once: a store far away makes each request wait on its round
     trip, not on bandwidth, so the number in flight sets the pace (:class:`Pace`). The bodies
