@@ -729,14 +729,13 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _write_at(fd: int, body: memoryview, offset: int, piece: int = WRITE_PIECE) -> int:
-    """``body`` written at ``offset``, ``piece`` bytes at a time: one write of a whole range
-    makes the page cache take its memory in large blocks, which cost much more system time on
-    machines (virtual ones) whose free memory is handed back to their host. Returns its
-    length."""
+def _write_at(fd: int, body: memoryview, offset: int) -> int:
+    """``body`` written at ``offset``, ``WRITE_PIECE`` bytes at a time: larger writes make the
+    page cache take its memory in large blocks, which cost much more system time on machines
+    (virtual ones) whose free memory is handed back to their host. Returns its length."""
     length = len(body)
     while body:
-        written = os.pwrite(fd, body[:piece], offset)
+        written = os.pwrite(fd, body[:WRITE_PIECE], offset)
         body, offset = body[written:], offset + written
     return length
 
