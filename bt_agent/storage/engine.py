@@ -494,12 +494,11 @@ class EngineStore(ObjectStore):
         tuning = self.tuning
         size = info.size
         part = tuning.part_size_for(size, tuning.part_size)
-        pool = self._pool("bt-ranges", tuning.ranges)
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, size)
-            futures = [
-                pool.submit(
+            futures = [  # the pool asked for each range: a store closed meanwhile starts anew
+                self._pool("bt-ranges", tuning.ranges).submit(
                     functools.partial(
                         self._fetch_range, key, info, fd, start, min(part, size - start)
                     )
