@@ -42,6 +42,7 @@ from bt_agent.storage.azure import AzureStore
 from bt_agent.storage.base import ObjectInfo, Upload, Wanted
 from bt_agent.storage.engine import Proxies, Tuning
 from bt_agent.storage.file import SYNCFS_MIN_FILES, syncfs
+from bt_agent.storage.flight import DaemonPool
 from bt_agent.storage.gcs import GCSStore
 from bt_agent.storage.hf import HFStore
 from bt_agent.storage.s3 import S3Store
@@ -302,6 +303,19 @@ def test_closing_a_store_lets_a_download_in_flight_finish(
     fetching.join(timeout=60)
     assert outcome == [out / "model.bin"]
     assert (out / "model.bin").read_bytes() == data
+
+
+def test_a_call_submitted_to_a_shut_pool_still_runs() -> None:
+    """A store closed between a download's lookup of its range pool and a range's submission
+    shuts that pool down: the range must still run (queued behind the threads' stop markers, or
+    handed to a thread about to stop, it waited forever). Real threads; no store needed."""
+    pool = DaemonPool(1, "test-pool")  # its one thread started; no other may start
+    assert pool.submit(lambda: "before").result(timeout=10) == "before"
+    time.sleep(0.05)  # its thread idle again, as a range thread between ranges
+    pool.shutdown()
+    late = [pool.submit(lambda n=n: n * n) for n in range(3)]
+    assert [future.result(timeout=10) for future in late] == [0, 1, 4]
+    assert not any(t.name == "test-pool-0" for t in threading.enumerate() if t.is_alive())
 
 
 @pytest.mark.parametrize("backend", WRITABLE, indirect=True)

@@ -90,10 +90,7 @@ class InFlight(Generic[R]):
         while (job := self._todo.get()) is not None:
             call, size = job
             future: Future[R] = Future()
-            try:
-                future.set_result(call())
-            except BaseException as exc:  # the caller's to raise, from future.result()
-                future.set_exception(exc)
+            _run(future, call)
             self._ended.put((future, size))
 
     def _next_ended(self) -> Future[R]:
@@ -145,11 +142,13 @@ class DaemonPool:
     """Threads for the calls of a store, up to ``size``, each started when a call finds none
     idle (a batch that keeps 32 in flight starts 32, not ``size``). Daemons, unlike an
     executor's (which the interpreter joins at exit): one waiting on an unreachable store must
-    not keep a stopped agent alive."""
+    not keep a stopped agent alive. A call submitted after :meth:`shutdown` (a store closed
+    while another thread's download starts its ranges) still runs, on a thread of its own."""
 
     def __init__(self, size: int, name: str) -> None:
         self._size, self._name = size, name
         self._started = 0
+        self._closed = False
         self._idle = threading.Semaphore(0)  # released by each thread done with a call
         self._lock = threading.Lock()
         self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = (
@@ -158,27 +157,37 @@ class DaemonPool:
 
     def submit(self, call: Callable[[], T]) -> Future[T]:
         future: Future[T] = Future()
-        self._jobs.put((future, call))
-        if not self._idle.acquire(blocking=False):
-            with self._lock:
-                if self._started < self._size:
-                    name = f"{self._name}-{self._started}"
-                    threading.Thread(target=self._work, name=name, daemon=True).start()
-                    self._started += 1
+        with self._lock:  # not across a shutdown: a call queued behind its markers never runs
+            if self._closed:
+                self._thread(functools.partial(_run, future, call), "late")
+                return future
+            self._jobs.put((future, call))
+            if not self._idle.acquire(blocking=False) and self._started < self._size:
+                self._thread(self._work, str(self._started))
+                self._started += 1
         return future
 
     def shutdown(self) -> None:
         """The threads end once the work already submitted is done (or cancelled)."""
         with self._lock:
+            self._closed = True
             for _ in range(self._started):
                 self._jobs.put(None)
 
+    def _thread(self, target: Callable[[], None], suffix: str) -> None:
+        name = f"{self._name}-{suffix}"
+        threading.Thread(target=target, name=name, daemon=True).start()
+
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
-            future, call = job
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(call())
-                except BaseException as exc:  # the caller's to raise, from future.result()
-                    future.set_exception(exc)
+            _run(*job)
             self._idle.release()
+
+
+def _run(future: Future[T], call: Callable[[], T]) -> None:
+    """``call``'s outcome set on ``future``, unless it was cancelled before it could start."""
+    if future.set_running_or_notify_cancel():
+        try:
+            future.set_result(call())
+        except BaseException as exc:  # the caller's to raise, from future.result()
+            future.set_exception(exc)
