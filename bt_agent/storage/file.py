@@ -14,7 +14,6 @@ import functools
 import hashlib
 import os
 import shutil
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -185,7 +184,7 @@ class FileStore(ObjectStore):
         target = self.path(key)
         self._make_parents(target, key)
         while True:
-            tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
+            tmp = target.with_name(f".{target.name}.{os.urandom(6).hex()}.tmp")
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             except FileExistsError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
 from bt_agent.errors import UsageError
@@ -16,8 +17,10 @@ from bt_agent.storage.credentials import (
     gcs_service_account,
     s3_keys,
 )
-from bt_agent.storage.engine import Proxies
 from bt_agent.storage.file import FileStore
+
+if TYPE_CHECKING:
+    from bt_agent.storage.engine import Proxies
 
 R2_ENDPOINT = "https://{account}.r2.cloudflarestorage.com"
 R2_ENDPOINT_VARIABLE = "BT_R2_ENDPOINT_URL"  # overrides the endpoint (tests, proxies)
@@ -183,6 +186,7 @@ def _flag(environ: Environ, name: str) -> bool | None:
 def _proxies(environ: Environ) -> Proxies:
     """The proxies of the standard variables (either case; ``ALL_PROXY`` for a scheme without
     its own), as curl and botocore read them."""
+    from bt_agent.storage.engine import Proxies
 
     def first(*names: str) -> str | None:
         return next(

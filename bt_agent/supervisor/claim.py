@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
-import uuid
 
 from bt_agent.catalog import Catalog
 from bt_agent.context import NodeContext
@@ -38,7 +36,7 @@ class NodeClaim:
         ctx = self.context
         mine = Claim(
             self._own_token(),
-            socket.gethostname(),
+            os.uname().nodename,
             os.getpid(),
             str(ctx.layout.node_root or "/"),
             now_iso(),
@@ -74,7 +72,7 @@ class NodeClaim:
             except OSError:
                 self._token = None
         if self._token is None:
-            self._token = uuid.uuid4().hex
+            self._token = os.urandom(16).hex()
             self.token_path.parent.mkdir(parents=True, exist_ok=True)
             self.token_path.write_text(self._token + "\n")
         return self._token

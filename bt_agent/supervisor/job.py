@@ -9,10 +9,10 @@ happens, with the precise reason for the end; the exit code follows DESIGN.md §
 from __future__ import annotations
 
 import copy
+import os
 import re
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -64,7 +64,7 @@ class JobRunner:
         self.log = AgentLog(self.err, plan.secrets.redact)
         catalog.warn = self.log.warning
         ctx = plan.context
-        self.node = NodeRecord(ctx.job_id, ctx.project, ctx.node_rank, socket.gethostname())
+        self.node = NodeRecord(ctx.job_id, ctx.project, ctx.node_rank, os.uname().nodename)
         self.relay = SignalRelay()
         self.reaper = Reaper(self._reaped)
         self.killed_after_grace = False
