@@ -38,6 +38,40 @@ def test_cli_imports_no_heavy_library() -> None:
         assert not any(m == name or m.startswith(name + ".") for m in loaded), name
 
 
+def test_a_job_on_a_file_store_imports_only_what_it_uses(tmp_path: Path) -> None:
+    spec = tmp_path / "job.json"
+    job = {"image": {"base_image": "x"}, "runtime": {"start_commands": ["true"]}}
+    spec.write_text(json.dumps({"training_job": job}))
+    flags = [f"--{name}={tmp_path / name}" for name in ("node-root", "store", "secrets-dir")]
+    probe = (
+        "import atexit, json, sys\n"
+        "atexit.register(lambda: print(json.dumps(sorted(sys.modules))))\n"
+        "from bt_agent.cli.main import main\n"
+        f"main({['run', str(spec), *flags]!r})"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    loaded = set(json.loads(done.stdout.splitlines()[-1]))
+    assert "bt_agent.supervisor.job" in loaded
+    for name in ("bt_agent.browse", "bt_agent.storage.engine", "obstore", "concurrent.futures"):
+        assert name not in loaded, f"{name} is imported by a run that never uses it"
+
+
+def test_commands_run_with_the_collector_on() -> None:
+    probe = (
+        "import gc\n"
+        "from bt_agent.cli import commands\n"
+        "def probe(args, out, err):\n"
+        "    print(gc.isenabled(), gc.get_freeze_count() > 0)\n"
+        "    return 0\n"
+        "commands.validate = probe\n"
+        "from bt_agent.cli.main import main\n"
+        "main(['validate', 'job.json'])"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, "True True\n"), done.stderr
+
+
 def test_every_module_imports_without_side_effects(tmp_path: Path) -> None:
     names = [
         m.name

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import sys
 import time
 
@@ -118,6 +119,25 @@ def test_leftover_background_processes_are_ended(agent: Agent) -> None:
     assert result.code == 0, result.text
     assert time.monotonic() - start < 10
     assert "killed 1 leftover process" in result.err
+
+
+def test_descendants_are_found_through_children_a_zombie_included() -> None:
+    probe = (
+        "import os, signal, subprocess\n"
+        "from bt_agent.supervisor import tree\n"
+        "seen = [tree.descendants()]\n"
+        "child = subprocess.Popen(['sh', '-c', 'sleep 30 & wait'])\n"
+        "while len(tree.descendants()) < 2: pass\n"
+        "seen.append(len(tree.descendants()))\n"
+        "tree.signal_all(tree.descendants(), signal.SIGKILL)\n"
+        "os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)\n"
+        "seen.append(tree.descendants() == [child.pid] and tree.living([child.pid]) == [])\n"
+        "child.wait()\n"
+        "seen.append(tree.descendants())\n"
+        "print(seen)"
+    )
+    done = subprocess.run([PY, "-c", probe], capture_output=True, text=True, timeout=20)
+    assert done.stdout == "[[], 2, True, []]\n", done.stderr
 
 
 def test_logs_are_streamed_and_saved_while_running(agent: Agent) -> None:

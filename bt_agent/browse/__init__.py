@@ -24,7 +24,6 @@ from bt_agent.records import Manifest, natural_key
 #: A header larger than this is not a safetensors header (the format caps it at 100 MB).
 MAX_HEADER_BYTES = 100_000_000
 LORA_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
-SORTS = ("created", "size", "name", "job")
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,9 @@ import itertools
 import json
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bt_agent.catalog.index import IN_FLIGHT, Index, concurrently, encode, newest
 from bt_agent.catalog.layout import (
@@ -37,7 +36,20 @@ from bt_agent.records import (
 )
 from bt_agent.storage import ObjectStore
 
-__all__ = ["Catalog", "JobView", "checkpoint_file_key", "checkpoint_prefix", "job_prefix"]
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
+__all__ = [
+    "CHECKPOINT_SORTS",
+    "Catalog",
+    "JobView",
+    "checkpoint_file_key",
+    "checkpoint_prefix",
+    "job_prefix",
+]
+
+#: The orders a listing of checkpoints comes in (``checkpoints list --sort``).
+CHECKPOINT_SORTS = ("created", "size", "name", "job")
 
 NO_INDEX = (
     "{url} has no index (it holds jobs from before bt-agent kept one), so every job is read; "
@@ -354,6 +366,8 @@ class Catalog:
         ]
         lock = threading.Lock()
         done = 0
+
+        from concurrent.futures import ThreadPoolExecutor  # see index.concurrently
 
         with ThreadPoolExecutor(2 * IN_FLIGHT, thread_name_prefix="bt-reindex") as writes:
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from bt_agent.catalog.layout import (
@@ -47,6 +46,9 @@ def concurrently(call: Callable[[T], R], items: Iterable[T], workers: int = IN_F
     chosen = list(items)
     if len(chosen) <= 1:
         return [call(item) for item in chosen]
+    # imported where it is used: it imports logging, which starting a job never needs
+    from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(min(workers, len(chosen)), thread_name_prefix="bt-catalog") as pool:
         return list(pool.map(call, chosen))
 

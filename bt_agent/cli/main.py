@@ -7,8 +7,9 @@ feature of a PID 1). Every error becomes one message and the exit code its type 
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from bt_agent import __version__
@@ -218,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_checkpoint_browsing(commands: Any) -> None:
-    from bt_agent.browse import SORTS
+    from bt_agent.catalog import CHECKPOINT_SORTS
 
     listing = commands.add_parser(
         "list",
@@ -232,7 +233,7 @@ def _add_checkpoint_browsing(commands: Any) -> None:
     _add_limit(listing, "checkpoints")
     listing.add_argument(
         "--sort",
-        choices=SORTS,
+        choices=CHECKPOINT_SORTS,
         default="created",
         help="created and size: largest first; name and job: in natural order",
     )
@@ -280,9 +281,13 @@ def _add_checkpoint_browsing(commands: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the console script: runs a command and exits with its code."""
+    gc.disable()  # start-up makes modules and classes, which live as long as the process
     args = build_parser().parse_args(argv)
+    command = handler(args.command)
+    gc.freeze()  # so no collection, the last one at exit included, walks them again
+    gc.enable()
     try:
-        code = dispatch(args, sys.stdout, sys.stderr)
+        code = command(args, sys.stdout, sys.stderr)
     except SpecError as exc:
         print(f"bt-agent: {exc}", file=sys.stderr)
         code = exc.exit_code
@@ -294,10 +299,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.exit(code)
 
 
-def dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+def handler(command: str) -> Callable[[argparse.Namespace, TextIO, TextIO], int]:
+    """The function that carries out ``command``, its modules imported."""
     from bt_agent.cli import commands
 
-    handlers: dict[str, Any] = {
+    handlers: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
         "run": commands.run,
         "validate": commands.validate,
         "env": commands.env,
@@ -307,5 +313,4 @@ def dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         "checkpoints": commands.checkpoints,
         "store": commands.store,
     }
-    result: int = handlers[args.command](args, out, err)
-    return result
+    return handlers[command]

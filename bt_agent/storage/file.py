@@ -15,7 +15,6 @@ import hashlib
 import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bt_agent.errors import AccessDeniedError, KeyConflictError, NotFoundError, StoreError
@@ -261,6 +260,8 @@ class FileStore(ObjectStore):
         """Each batch is written to temporary files from this thread, made durable (one
         syncfs for a large batch; else a fsync each, from a few threads at once so that the
         file system commits them together), then renamed into place."""
+        from concurrent.futures import ThreadPoolExecutor  # imports logging: not at start-up
+
         with ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="bt-fsync") as pool:
             while (batch := take()) is not None:
                 written = [self._write_temp(item) for item in batch]

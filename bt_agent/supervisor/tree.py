@@ -42,7 +42,10 @@ def parents(proc: Path = PROC) -> dict[int, int]:
 
 def descendants(root: int | None = None, proc: Path = PROC) -> list[int]:
     """Every living descendant of ``root`` (default: this process), parents before children."""
-    root = os.getpid() if root is None else root
+    if root is None:
+        if not has_children():
+            return []  # every descendant is reached through a child
+        root = os.getpid()
     children: dict[int, list[int]] = {}
     for pid, parent in parents(proc).items():
         children.setdefault(parent, []).append(pid)
@@ -52,6 +55,15 @@ def descendants(root: int | None = None, proc: Path = PROC) -> list[int]:
         order.append(pid)
         frontier.extend(children.get(pid, []))
     return order
+
+
+def has_children() -> bool:
+    """Whether this process has a child, running or a zombie, found without reaping it."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
 
 
 def signal_all(pids: list[int], number: int) -> None:
