@@ -279,15 +279,18 @@ def _add_checkpoint_browsing(commands: Any) -> None:
     _add_format(inspect)
 
 
+Handler = Callable[[argparse.Namespace, TextIO, TextIO], int]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the console script: runs a command and exits with its code."""
-    gc.disable()  # start-up makes modules and classes, which live as long as the process
-    args = build_parser().parse_args(argv)
-    command = handler(args.command)
-    gc.freeze()  # so no collection, the last one at exit included, walks them again
+    gc.disable()  # what start-up makes, modules and classes, lives as long as the process:
+    handlers = _handlers()
+    gc.freeze()  # no collection walks it again, the last ones at exit included
     gc.enable()
+    args = build_parser().parse_args(argv)
     try:
-        code = command(args, sys.stdout, sys.stderr)
+        code = handlers[args.command](args, sys.stdout, sys.stderr)
     except SpecError as exc:
         print(f"bt-agent: {exc}", file=sys.stderr)
         code = exc.exit_code
@@ -299,11 +302,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.exit(code)
 
 
-def handler(command: str) -> Callable[[argparse.Namespace, TextIO, TextIO], int]:
-    """The function that carries out ``command``, its modules imported."""
+def _handlers() -> dict[str, Handler]:
+    """What carries out each command, the modules they use imported."""
     from bt_agent.cli import commands
 
-    handlers: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
+    return {
         "run": commands.run,
         "validate": commands.validate,
         "env": commands.env,
@@ -313,4 +316,3 @@ def handler(command: str) -> Callable[[argparse.Namespace, TextIO, TextIO], int]
         "checkpoints": commands.checkpoints,
         "store": commands.store,
     }
-    return handlers[command]
