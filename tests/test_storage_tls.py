@@ -556,3 +556,41 @@ def test_gcs_and_azure_refuse_an_untrusted_certificate_at_once(
         trusting = Environ({"SSL_CERT_FILE": str(azure.tls.ca)} if azure.tls else {})
         with open_store(url, trusting, azure.connection_string, "azure_creds") as seen:
             assert seen.list() == []
+
+
+@pytest.mark.parametrize("service", ["s3", "azure", "gs", "hf", "https"])
+def test_https_to_a_server_of_plain_http_is_a_clear_error_at_once(
+    request: pytest.FixtureRequest, s3_server: servers.SeaweedFS, service: str
+) -> None:
+    """An endpoint written with ``https://`` whose server speaks plain HTTP (a local MinIO or
+    emulator, most often) answers the handshake with no TLS record: each client says so at once,
+    with the URL to write instead (the engine's stores waited it out as an outage for five
+    minutes), rather than retrying what no wait mends."""
+    plain = {
+        "s3": s3_server,
+        "azure": request.getfixturevalue("azure_server") if service == "azure" else None,
+        "gs": request.getfixturevalue("gcs_server") if service == "gs" else None,
+        "hf": request.getfixturevalue("hf_server") if service == "hf" else None,
+        "https": s3_server,
+    }[service]
+    assert plain is not None and plain.tls is None
+    secure = f"https://127.0.0.1:{plain.port}"
+    endpoint = secure  # as the error names it
+    if service == "s3":
+        store = open_store("s3://bucket/x", Environ({"AWS_ENDPOINT_URL": secure}), SECRET, "c")
+    elif service == "azure":
+        assert isinstance(plain, servers.Azurite)
+        secret = plain.connection_string.replace("http", "https")
+        endpoint = f"{secure}/{servers.AZURITE_ACCOUNT}"  # a connection string's BlobEndpoint
+        store = open_store(f"azure://{servers.AZURITE_ACCOUNT}/c/x", Environ({}), secret, "c")
+    elif service == "gs":
+        store = open_store("gs://bucket/x", Environ({"STORAGE_EMULATOR_HOST": secure}))
+    elif service == "hf":
+        store = open_store("hf://org/model", Environ({"HF_ENDPOINT": secure}))
+    else:
+        store = open_store(f"{secure}/bucket/model.bin")
+    with store:
+        message = str(_refused(store, store.list))
+    assert f"{endpoint} does not speak TLS (its answer is no TLS record: " in message, message
+    plain_url = endpoint.replace("https://", "http://")
+    assert message.endswith(f"if it serves plain HTTP, write it as {plain_url}"), message

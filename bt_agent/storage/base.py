@@ -118,6 +118,18 @@ def untrusted_certificate(where: str, kind: Refusal, reason: str, variable: str)
     )
 
 
+def speaks_no_tls(where: str, reason: str) -> str:
+    """What to do where ``where`` answered a TLS handshake with no TLS at all (``reason``, the
+    client's words): most often a server of plain HTTP, named with ``https://``. No wait mends
+    that, so it is said at once, with the URL to write instead."""
+    plain = (
+        f"; if it serves plain HTTP, write it as http://{where[8:]}"
+        if where.startswith("https://")
+        else ""
+    )
+    return f"{where} does not speak TLS (its answer is no TLS record: {reason}){plain}"
+
+
 class HashingReader:
     """Wraps a file: every byte read passes through sha256 once."""
 

@@ -45,6 +45,7 @@ from bt_agent.storage.base import (
     U,
     Wanted,
     is_http_url,
+    speaks_no_tls,
     untrusted_certificate,
 )
 from bt_agent.storage.flight import DaemonPool, InFlight, Pace
@@ -70,6 +71,8 @@ _CORRUPT = re.compile(
     r"BadDigest|InvalidDigest|XAmzContentSHA256Mismatch|InvalidChecksum|Md5Mismatch"
 )
 _CERTIFICATE = re.compile(r"certificate|UnknownIssuer|CertNotValid|NotValidForName", re.I)
+#: rustls' word for a first answer that is no TLS record (a server of plain HTTP, most often).
+_NOT_TLS = re.compile(r"InvalidMessage\(\s*InvalidContentType")
 _STATUS = re.compile(r"status code: (\d{3})")
 #: A credential provider of ours that failed (botocore's chain: no credentials, an SSO session
 #: expired, a credential_process that failed), as the engine reports it.
@@ -353,6 +356,8 @@ class EngineStore(ObjectStore):
             return IntegrityError(f"{uri}: the service rejected the checksum ({detail})", uri)
         if _CERTIFICATE.search(text):
             return StoreError(f"{uri}: {self._untrusted(where, _tls_reason(text))}", uri)
+        if _NOT_TLS.search(text):
+            return StoreError(f"{uri}: {speaks_no_tls(where, 'invalid content type')}", uri)
         if code.startswith("5") or code == "429" or _RETRYABLE.search(text):
             return TransientStoreError(f"{uri}: {code or 'retryable'}: {detail}", uri)
         if not code:  # no answer at all: connection refused, reset, timed out

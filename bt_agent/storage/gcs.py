@@ -144,7 +144,7 @@ class GCSStore(ObjectStore):
                 "check that its key is current (not deleted or disabled)",
                 uri,
             )
-        if refused := http.certificate_error(exc, uri, self.endpoint, CA_VARIABLE):
+        if refused := http.tls_error(exc, uri, self.endpoint, CA_VARIABLE):
             return refused
         if isinstance(exc, DefaultCredentialsError):  # nothing to wait for
             return AccessDeniedError(

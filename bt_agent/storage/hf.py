@@ -99,7 +99,7 @@ class HFStore(ObjectStore):
             if status == 429 or status >= 500:
                 return TransientStoreError(f"{uri}: HTTP {status}", uri)
             return StoreError(f"{uri}: {exc}", uri)
-        if refused := http.certificate_error(exc, uri, self.endpoint or HUB):
+        if refused := http.tls_error(exc, uri, self.endpoint or HUB):
             return refused
         if (
             isinstance(exc, OSError | ConnectionError | TimeoutError)
