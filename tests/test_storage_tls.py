@@ -514,6 +514,36 @@ def test_credentials_that_cannot_be_had_say_why(
     assert str(caught.value).startswith("s3://bucket/p: ") and said in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        ("[profile other]\nregion = us-east-1\n", "The config profile (p) could not be found"),
+        ("[profile p\nregion = us-east-1\n", "Unable to parse config file"),
+    ],
+    ids=["profile-missing", "config-malformed"],
+)
+def test_an_aws_configuration_that_cannot_be_used_says_why(
+    s3_server: servers.SeaweedFS,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    config: str,
+    said: str,
+) -> None:
+    """``AWS_PROFILE`` names a profile the config file does not hold, or the file cannot be
+    parsed: botocore's own words, the variables to check, at once (it was a traceback)."""
+    (tmp_path / "config").write_text(config)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_PROFILE", "p")
+    environ = Environ({"AWS_PROFILE": "p", "AWS_ENDPOINT_URL": s3_server.endpoint})
+    with open_store("s3://bucket/p", environ) as store:
+        message = str(_refused(store, store.list))
+    assert message.startswith("s3://bucket/p: the AWS configuration cannot be used ("), message
+    assert said in message and "check AWS_PROFILE" in message, message
+
+
 @pytest.mark.parametrize("service", ["gs", "azure"])
 @pytest.mark.parametrize("trusted", ["other-ca", "none"])
 def test_gcs_and_azure_refuse_an_untrusted_certificate_at_once(

@@ -17,7 +17,7 @@ from __future__ import annotations
 from datetime import timezone
 from typing import TYPE_CHECKING, Any
 
-from bt_agent.errors import AccessDeniedError
+from bt_agent.errors import AccessDeniedError, StoreError
 from bt_agent.storage.credentials import S3Keys
 from bt_agent.storage.engine import ENGINE_RETRIES, EngineStore, Proxies, Tuning
 
@@ -148,10 +148,20 @@ class _BotocoreChain:
 
     def __init__(self, uri: str) -> None:
         import botocore.session
+        from botocore.exceptions import BotoCoreError
 
         self.uri = uri
         self.session = botocore.session.get_session()
         self.credentials: Any = None
+        try:
+            self.session.get_scoped_config()  # the files read and the profile found, once
+        except BotoCoreError as exc:  # a profile named that is not there, a file unreadable
+            raise StoreError(
+                f"{uri}: the AWS configuration cannot be used ({exc}); check AWS_PROFILE and "
+                "the files AWS_CONFIG_FILE and AWS_SHARED_CREDENTIALS_FILE name (by default "
+                "~/.aws/config and ~/.aws/credentials)",
+                uri,
+            ) from None
 
     def region(self) -> str | None:
         region: str | None = self.session.get_config_variable("region")
