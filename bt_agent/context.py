@@ -224,17 +224,41 @@ def resolve(
 
 
 def _store_url(value: str | None, environ: Environ, problems: list[Problem], where: str) -> str:
+    url, problem = store_url(value, environ, where)
+    problems.extend([problem] if problem else [])
+    return url
+
+
+#: The forms of a store's URL, as a fix for one that is not one of them.
+STORE_FORMS = (
+    "use file:///path (or a directory), s3://bucket/prefix, r2://account.bucket/prefix, "
+    "cw://bucket/prefix, gs://bucket/prefix or azure://account/container/prefix"
+)
+
+
+def store_url(value: str | None, environ: Environ, where: str) -> tuple[str, Problem | None]:
+    """The store's URL that ``value`` (given at ``where``: a flag or a variable) names, a
+    directory's as a ``file://`` URL, None the default store; and what is wrong with it, if
+    anything: another scheme, no bucket, a slash missing after the scheme, or a ``file://`` URL
+    that names a host."""
     if value is None:
-        return environ.default_store_url
+        return environ.default_store_url, None
+    scheme, colon, rest = value.partition(":")
     if "://" not in value:
-        return Path(value).absolute().as_uri()
-    if urlparse(value).scheme not in STORE_SCHEMES:
-        hint = (
-            "use file:///path (or a directory), s3://bucket/prefix, r2://account.bucket/prefix, "
-            "cw://bucket/prefix, gs://bucket/prefix or azure://account/container/prefix"
-        )
-        problems.append(Problem(where, f"unsupported store URL {value!r}", hint))
-    return value
+        if colon and scheme in STORE_SCHEMES:  # s3:/bucket, s3:bucket: not a directory's name
+            fixed = f"{scheme}://{'/' * (scheme == 'file')}{rest.lstrip('/')}"
+            return value, Problem(where, f"the store URL {value!r} lacks a slash", f"write {fixed}")
+        return Path(value).absolute().as_uri(), None
+    parsed = urlparse(value)
+    if parsed.scheme not in STORE_SCHEMES:
+        return value, Problem(where, f"unsupported store URL {value!r}", STORE_FORMS)
+    if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):
+        problem = f"the store URL {value!r} names a host ({parsed.netloc!r}), not a directory"
+        hint = f"write an absolute path after file:// (file:///{parsed.netloc}{parsed.path})"
+        return value, Problem(where, problem, hint)
+    if parsed.scheme != "file" and not parsed.netloc:
+        return value, Problem(where, f"the store URL {value!r} names no bucket", STORE_FORMS)
+    return value, None
 
 
 def _retry_count(environ: Environ) -> int:

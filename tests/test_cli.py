@@ -209,6 +209,40 @@ def test_bad_node_context_lists_every_problem(agent: Agent) -> None:
     assert not agent.store.exists()
 
 
+@pytest.mark.parametrize(
+    ("store", "said"),
+    [
+        ("s3://", "the store URL 's3://' names no bucket; use file:///path"),
+        ("gs:///prefix", "the store URL 'gs:///prefix' names no bucket; use file:///path"),
+        ("s3:/bucket/bt", "the store URL 's3:/bucket/bt' lacks a slash; write s3://bucket/bt"),
+        ("file:/srv/bt", "the store URL 'file:/srv/bt' lacks a slash; write file:///srv/bt"),
+        (
+            "file://srv/bt",
+            "the store URL 'file://srv/bt' names a host ('srv'), not a directory; write an "
+            "absolute path after file:// (file:///srv/bt)",
+        ),
+        ("hf://org/model", "unsupported store URL 'hf://org/model'; use file:///path"),
+    ],
+)
+@pytest.mark.parametrize("command", ["run", "jobs"])
+def test_a_store_url_that_names_no_store_is_refused(
+    agent: Agent, store: str, said: str, command: str
+) -> None:
+    """Every command refuses such a store URL, saying how to write it, before it reads or
+    writes anything: ``s3:/bucket`` ran the job on a store in a directory ``s3:`` of the working
+    directory, ``s3://`` asked for credentials, ``hf://`` was a traceback in ``jobs``."""
+    if command == "run":
+        args: tuple[str, ...] = ("run", str(agent.spec(job())), *agent.context_args())
+    else:
+        args = ("jobs", "list")
+    made = {path.name for path in agent.root.iterdir()}
+    result = agent(*args, "--store", store)  # the last --store given is the one taken
+    assert result.code == 2, result.err
+    assert f"--store: {said}" in result.err
+    assert {path.name for path in agent.root.iterdir()} == made, "nothing made where it runs"
+    assert not agent.store.exists()
+
+
 def test_multinode_needs_a_leader(agent: Agent) -> None:
     result = agent("run", str(agent.spec(job(compute={"node_count": 2}))), *agent.context_args())
     assert result.code == 2 and "--leader-addr" in result.err

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from bt_agent.catalog import Catalog, JobView
 from bt_agent.cli.output import render
-from bt_agent.context import ContextInputs, Layout, NodeContext, resolve
+from bt_agent.context import ContextInputs, Layout, NodeContext, resolve, store_url
 from bt_agent.env import build
 from bt_agent.errors import NotFoundError, RecordNotFoundError, SpecError, UsageError
 from bt_agent.log import counted, format_bytes
 from bt_agent.secrets import Secrets
 from bt_agent.secrets import resolve as resolve_secrets
-from bt_agent.settings import CONFIG_PYTHON_VARIABLE, SPEC_VARIABLE, Environ
+from bt_agent.settings import CONFIG_PYTHON_VARIABLE, CONTEXT_VARIABLES, SPEC_VARIABLE, Environ
 from bt_agent.spec.loader import load
 from bt_agent.storage import open_store
 from bt_agent.supervisor.job import JobRunner
@@ -179,10 +179,11 @@ def _layout(args: argparse.Namespace, environ: Environ) -> Layout:
 
 
 def _catalog(args: argparse.Namespace, environ: Environ, err: TextIO) -> Catalog:
-    store_url = args.store or environ.context_value("store") or environ.default_store_url
-    if "://" not in store_url:
-        store_url = Path(store_url).absolute().as_uri()
-    return Catalog(open_store(store_url, environ), lambda text: _warn(text, err))
+    where = "--store" if args.store else f"${CONTEXT_VARIABLES['store']}"
+    url, problem = store_url(args.store or environ.context_value("store"), environ, where)
+    if problem:
+        raise UsageError(str(problem))
+    return Catalog(open_store(url, environ), lambda text: _warn(text, err))
 
 
 def _warn(text: str, err: TextIO) -> None:
