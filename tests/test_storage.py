@@ -899,6 +899,39 @@ def test_gcs_without_any_credentials_says_where_they_come_from(
     assert "gs://bucket/p: no Google credentials; name a secret" in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (None, "File {path} was not found"),
+        ("{not json", "File {path} is not a valid json file"),
+        (
+            '{"type": "nonesuch", "private_key": "PK-9f2c"}',
+            "The file {path} does not have a valid type",
+        ),
+    ],
+    ids=["missing", "not-json", "not-a-key"],
+)
+def test_gcs_credentials_named_by_the_variable_that_cannot_be_loaded_say_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str | None, said: str
+) -> None:
+    """``GOOGLE_APPLICATION_CREDENTIALS`` names a file that is not there or is no key: the
+    error says so in google-auth's words (it said "no Google credentials ... or set
+    GOOGLE_APPLICATION_CREDENTIALS", which was set), and shows nothing of the file's content."""
+    path = tmp_path / "key.json"
+    if content is not None:
+        path.write_text(content)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(path))
+    monkeypatch.setenv("NO_GCE_CHECK", "True")
+    with (
+        open_store("gs://bucket/p", Environ({})) as store,
+        pytest.raises(AccessDeniedError) as caught,
+    ):
+        store.list()
+    message = str(caught.value)
+    assert message.startswith("gs://bucket/p: the Google credentials cannot be loaded ("), message
+    assert said.format(path=path) in message and "PK-9f2c" not in message, message
+
+
 def test_gcs_credentials_google_refuses_are_no_outage(tmp_path: Path) -> None:
     """A service account whose key was deleted: Google's token endpoint answers
     ``invalid_grant``, and that is said at once (it was an outage waited out). Google's OAuth

@@ -147,6 +147,14 @@ class GCSStore(ObjectStore):
         if refused := http.tls_error(exc, uri, self.endpoint, CA_VARIABLE):
             return refused
         if isinstance(exc, DefaultCredentialsError):  # nothing to wait for
+            said = exc.args[0] if exc.args and isinstance(exc.args[0], str) else ""
+            if said and not said.startswith("Your default credentials were not found"):
+                return AccessDeniedError(  # a key file named: google-auth says what is wrong
+                    f"{uri}: the Google credentials cannot be loaded ({said.rstrip('.')}); point "
+                    "GOOGLE_APPLICATION_CREDENTIALS at a service account's JSON key, or name a "
+                    "secret holding one (auth_secret_name)",
+                    uri,
+                )
             return AccessDeniedError(
                 f"{uri}: no Google credentials; name a secret holding a service account's JSON "
                 "key (auth_secret_name), or set GOOGLE_APPLICATION_CREDENTIALS",
