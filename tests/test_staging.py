@@ -241,7 +241,7 @@ def test_cache_fills_once_under_concurrency(tmp_path: Path) -> None:
         partial.write_bytes(b"abc")
         partial.rename(path)
 
-    threads = [threading.Thread(target=cache.ensure, args=(entry, fill)) for _ in range(8)]
+    threads = [threading.Thread(target=cache.ensure, args=(entry, 3, fill)) for _ in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -337,7 +337,7 @@ def test_eviction_keeps_entries_in_use(tmp_path: Path) -> None:
     paths = []
     for i in range(4):
         entry = entry_id(str(i))
-        path, _ = cache.ensure(entry, lambda p, i=i: p.write_bytes(bytes(1000)))
+        path, _ = cache.ensure(entry, 1000, lambda p, i=i: p.write_bytes(bytes(1000)))
         paths.append(path)
     (tmp_path / "mount").mkdir()
     (tmp_path / "mount" / "in-use").hardlink_to(paths[0])  # the oldest, but mounted
@@ -431,6 +431,34 @@ def test_stage_and_cache_commands(
         path.unlink()
     pruned = agent("cache", "prune", *node, "--max-bytes", "1500")
     assert "evicted 2 entries" in pruned.out
+
+
+def test_an_entry_written_to_through_a_mount_is_fetched_again(
+    agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
+) -> None:
+    """A job running as root writes through its read-only mount into the node cache's file (the
+    same inode): in place, the size kept, and over another file, truncating it. The next job
+    on the node is not given what it wrote: both entries are fetched again, the third is
+    mounted from the cache as it was."""
+    env = _env(agent, s3_server, hf_server)
+    files = {f"f{i}.bin": bytes([i + 1]) * 1000 for i in range(3)}
+    url = _seed_s3(s3_server, files)
+    weights = [{"source": url, "mount_location": "/d", "auth_secret_name": "s3_creds"}]
+    spec = agent.spec(_job(weights, "true"))
+    first = agent("stage", str(spec), *agent.context_args(), env=env)
+    assert first.code == 0 and "3 to fetch" in first.err, first.text
+    mount = agent.node_root / "d"
+    for name in ("f0.bin", "f1.bin"):
+        (mount / name).chmod(0o644)  # what root need not do
+    with open(mount / "f0.bin", "r+b") as handle:
+        handle.write(b"tampered")
+    (mount / "f1.bin").write_bytes(b"saved over")
+    again = agent("stage", str(spec), *agent.context_args(), env=env)
+    assert again.code == 0, again.text
+    assert "1 in the node cache, 2 to fetch" in again.err, again.err
+    assert {path.name: path.read_bytes() for path in mount.iterdir()} == files
+    third = agent("stage", str(spec), *agent.context_args(), env=env)
+    assert "3 in the node cache, 0 to fetch" in third.err, third.err
 
 
 def test_sigterm_while_staging(

@@ -7,7 +7,14 @@ offset its name gives): no inode is created per entry, whose creation costs as m
 file's. Elsewhere entries share striped lock files (those whose ids begin with the same three hex
 digits share one of 4,096) locked whole with ``flock``.
 Mounts are hard links to entries: an entry whose link count is above one is mounted by some job
-and is never evicted. Least recently used entries go first when the cache is over its budget.
+and is never evicted. Least recently used entries (by access time, which a use sets) go first when
+the cache is over its budget.
+
+An entry and its mounts are one file, read-only, but a job that runs as root can write to it all
+the same (a base model's ``config.json`` saved over in place): every later job on the node would
+mount what it wrote. So a placed entry is sealed with a modification time no write leaves
+(:data:`SEALED_MTIME_NS`), and one whose size or modification time differs is not held: it is
+fetched again, into place by a rename, and mounted from there.
 """
 
 from __future__ import annotations
@@ -17,8 +24,10 @@ import fcntl
 import hashlib
 import os
 import shutil
+import stat
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,6 +46,9 @@ _FLOCK = struct.Struct("hhqqixxxx")  # struct flock: type, whence, start, len, p
 _HELD = (errno.EAGAIN, errno.EACCES)  # another description holds the lock
 #: Entries are read-only: mounts are hard links to them.
 ENTRY_MODE = 0o444
+#: The modification time of every placed entry (1980-01-01, the epoch of reproducible builds):
+#: any write to the file since sets its own.
+SEALED_MTIME_NS = 315_532_800 * 10**9
 
 
 def copy_atomic(source: Path, target: Path) -> None:
@@ -145,29 +157,49 @@ class NodeCache:
         for prefix in {entry[:2] for entry in entries}:
             (self.objects / prefix).mkdir(parents=True, exist_ok=True)
 
-    def has(self, entry: str) -> bool:
-        return os.path.isfile(self._where(entry))
+    def has(self, entry: str, size: int) -> bool:
+        """Whether the entry is there as it was placed: ``size`` bytes, sealed."""
+        return self._sealed(self._where(entry), size) is not None
 
-    def ensure(self, entry: str, fill: Callable[[Path], object]) -> tuple[Path, bool]:
+    @staticmethod
+    def _sealed(path: str | Path, size: int) -> os.stat_result | None:
+        """``path``'s status where it is a sealed file of ``size`` bytes, else None (absent, or
+        written to since it was placed)."""
+        try:
+            found = os.stat(path)
+        except FileNotFoundError:
+            return None
+        sealed = found.st_mtime_ns == SEALED_MTIME_NS and stat.S_ISREG(found.st_mode)
+        return found if sealed and found.st_size == size else None
+
+    def ensure(self, entry: str, size: int, fill: Callable[[Path], object]) -> tuple[Path, bool]:
         """The entry's path, filling it with ``fill(path)`` (which must place the file
-        atomically) if absent. Returns ``(path, hit)``."""
+        atomically, in place of any there) unless it holds ``size`` bytes, sealed. Returns
+        ``(path, hit)``."""
         path = self.path(entry)
-        if path.is_file():
+        if self._sealed(path, size) is not None:
             self.touch(path)
             return path, True
         with self._locked(entry):
-            if path.is_file():  # another agent filled it while we waited
+            if self._sealed(path, size) is not None:  # another agent filled it meanwhile
                 self.touch(path)
                 return path, True
             if not path.parent.is_dir():
                 path.parent.mkdir(parents=True, exist_ok=True)
             fill(path)
-            path.chmod(ENTRY_MODE)
+            self.seal(path)
         return path, False
 
     @staticmethod
+    def seal(path: Path) -> None:
+        """Mark a file just placed as an entry: read-only, sealed, used now."""
+        os.chmod(path, ENTRY_MODE)
+        os.utime(path, ns=(time.time_ns(), SEALED_MTIME_NS))
+
+    @staticmethod
     def touch(path: Path) -> None:
-        os.utime(path)
+        """Mark the entry used now (its access time), its modification time left as it is."""
+        os.utime(path, ns=(time.time_ns(), os.stat(path).st_mtime_ns))
 
     def entries(self) -> list[Entry]:
         found: list[Entry] = []
@@ -176,8 +208,8 @@ class NodeCache:
         for path in self.objects.glob("*/*"):
             if path.name.startswith("."):
                 continue  # a download in progress
-            stat = path.stat()
-            found.append(Entry(path, stat.st_size, stat.st_mtime, stat.st_nlink > 1))
+            status = path.stat()
+            found.append(Entry(path, status.st_size, status.st_atime, status.st_nlink > 1))
         return found
 
     def evict(self, max_bytes: int) -> list[Entry]:

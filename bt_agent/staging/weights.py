@@ -267,7 +267,7 @@ class WeightsStager:
 
     def _say_plan(self, plan: SourcePlan) -> list[PlannedFile]:
         """Log what the plan holds and what the node cache lacks; return the latter."""
-        misses = [f for f in plan.files if not self.cache.has(f.entry)]
+        misses = [f for f in plan.files if not self.cache.has(f.entry, f.info.size)]
         self.log.info(
             f"weights[{plan.index}] {plan.pinned}: {len(plan.files)} files, {_mb(plan.size)}; "
             f"{len(plan.files) - len(misses)} in the node cache, {len(misses)} to fetch "
@@ -314,7 +314,10 @@ class WeightsStager:
 
         def one(item: PlannedFile) -> None:
             self._check_stop()
-            _, hit = self.cache.ensure(item.entry, lambda path: self._fill(plan, item, path, tally))
+            size = item.info.size
+            _, hit = self.cache.ensure(
+                item.entry, size, lambda path: self._fill(plan, item, path, tally)
+            )
             tally.fetched(item, hit)
             progress.add(item.info.size)
 
@@ -344,7 +347,7 @@ class WeightsStager:
                 if claim is None:
                     left.append(item)  # another agent is fetching it: wait for it there
                     continue
-                if self.cache.has(item.entry):  # another agent fetched it meanwhile
+                if self.cache.has(item.entry, item.info.size):  # another agent fetched it
                     claim.release()
                     tally.fetched(item, hit=True)
                     progress.add(item.info.size)
@@ -359,6 +362,7 @@ class WeightsStager:
                 if error is not None:
                     left.append(item)
                     return
+                self.cache.seal(wanted.destination)
                 tally.fetched(item)
                 progress.add(item.info.size)
             finally:
@@ -387,7 +391,7 @@ class WeightsStager:
         if self.cluster is None:
             download(path)
             return
-        shared, hit = self.cluster.ensure(item.entry, download)
+        shared, hit = self.cluster.ensure(item.entry, item.info.size, download)
         copy_atomic(shared, path)
         if hit:
             tally.cluster_hit()
