@@ -51,4 +51,5 @@ def test_unreachable_store_is_a_clear_error(agent: Agent, tmp_path: Path) -> Non
     result = agent("jobs", "list", "--store", "s3://nowhere/bt", env=env, timeout=120)
     assert result.code == 1
     assert "s3://nowhere/bt" in result.err and "cannot reach" in result.err
+    assert "(Connection refused)" in result.err, "the system's words, not the engine's first line"
     assert "Traceback" not in result.err

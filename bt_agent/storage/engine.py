@@ -74,6 +74,9 @@ _CERTIFICATE = re.compile(r"certificate|UnknownIssuer|CertNotValid|NotValidForNa
 #: rustls' word for a first answer that is no TLS record (a server of plain HTTP, most often).
 _NOT_TLS = re.compile(r"InvalidMessage\(\s*InvalidContentType")
 _STATUS = re.compile(r"status code: (\d{3})")
+#: Why a connection failed, in the words of the system or the resolver, as the engine's report
+#: quotes them (its first line only says "error sending request").
+_CAUSE = re.compile(r'(?:message|error): "([^"]+)"')
 #: A credential provider of ours that failed (botocore's chain: no credentials, an SSO session
 #: expired, a credential_process that failed), as the engine reports it.
 _PROVIDER_FAILED = re.compile(r"credential provider: (\w+): ([^\n]+)")
@@ -360,8 +363,9 @@ class EngineStore(ObjectStore):
             return StoreError(f"{uri}: {speaks_no_tls(where, 'invalid content type')}", uri)
         if code.startswith("5") or code == "429" or _RETRYABLE.search(text):
             return TransientStoreError(f"{uri}: {code or 'retryable'}: {detail}", uri)
-        if not code:  # no answer at all: connection refused, reset, timed out
-            return TransientStoreError(f"{uri}: cannot reach {self._route(where)} ({detail})", uri)
+        if not code:  # no answer at all: connection refused, reset, timed out, no such host
+            said = (_CAUSE.findall(text) or [detail])[-1]
+            return TransientStoreError(f"{uri}: cannot reach {self._route(where)} ({said})", uri)
         return StoreError(f"{uri}: {detail}", uri)
 
     def _route(self, where: str) -> str:

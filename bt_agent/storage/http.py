@@ -66,7 +66,7 @@ def tls_error(
         kind = _CERTIFICATE_KINDS.get(found.verify_code, "untrusted")
         said = found.verify_message.rstrip(".")
         return StoreError(f"{uri}: {untrusted_certificate(where, kind, said, variable)}", uri)
-    said = str(found.reason or found.args[-1]).lower().replace("_", " ")
+    said = str(found.reason or found).lower().replace("_", " ")
     if any(words in said for words in _NOT_TLS):
         return StoreError(f"{uri}: {speaks_no_tls(where, said)}", uri)
     return None
