@@ -120,6 +120,14 @@ class StagingError(BtAgentError):
     exit_code = 3
 
 
+class StoreUnusableError(BtAgentError):
+    """The store could not be used before any command ran (the node's claim, the job's
+    record): no record there can say why, so the exit code is a failed deploy's, never one a
+    command could have exited with."""
+
+    exit_code = 3
+
+
 class DurabilityError(BtAgentError):
     """Some checkpoint files could not be made durable before the deadline."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pytest
 import servers
 from helpers import Agent, job_with
 
@@ -53,3 +54,29 @@ def test_unreachable_store_is_a_clear_error(agent: Agent, tmp_path: Path) -> Non
     assert "s3://nowhere/bt" in result.err and "cannot reach" in result.err
     assert "(Connection refused)" in result.err, "the system's words, not the engine's first line"
     assert "Traceback" not in result.err
+
+
+@pytest.mark.parametrize("store", ["unreachable", "refused"])
+def test_a_store_that_cannot_be_used_before_the_commands_is_a_failed_deploy(
+    agent: Agent, s3_server: servers.SeaweedFS, store: str
+) -> None:
+    """The store is down past ``BT_STORE_OUTAGE_SECONDS``, or refuses the keys, when the node
+    is claimed: no record can say why, so the exit code does, a failed deploy's (3), which no
+    command ran to give (it was 1, what a failing command most often exits with)."""
+    bucket = f"store{uuid.uuid4().hex[:8]}"
+    s3_server.create_bucket(bucket)
+    env = {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9" if store == "unreachable" else s3_server.endpoint,
+        "AWS_ACCESS_KEY_ID": servers.ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": "not-the-key",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "BT_STORE_OUTAGE_SECONDS": "1",
+    }
+    ran = agent.root / "ran"
+    spec = agent.spec(job_with(start_commands=[f"touch {ran}"]))
+    args = ["--node-root", str(agent.node_root), "--secrets-dir", str(agent.secrets_dir)]
+    result = agent("run", str(spec), *args, "--store", f"s3://{bucket}/bt", env=env, timeout=120)
+    assert result.code == 3, result.text
+    said = "cannot reach http://127.0.0.1:9" if store == "unreachable" else "access denied"
+    assert said in result.err and "the job did not start (no command ran)" in result.err
+    assert not ran.exists()

@@ -22,7 +22,8 @@ spec: a job JSON file ({"training_job": {...}} or a bare TrainingJob), a config.
 defines one TrainingProject (needs the truss package), or - for stdin; default $BT_JOB_SPEC.
 
 exit codes of `run`: 0 success; the failing start_command's own code; 128+N killed by or
-stopped with signal N; 2 invalid spec or arguments; 3 staging failed; 4 checkpoints not durable.
+stopped with signal N; 2 invalid spec or arguments; 3 staging failed or the store unusable (no
+command ran); 4 checkpoints not durable.
 
 examples:
   bt-agent validate config.py

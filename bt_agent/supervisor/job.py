@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import IO, TextIO
 
 from bt_agent.catalog import Catalog
-from bt_agent.errors import DurabilityError, StagingError, TransientStoreError
+from bt_agent.errors import (
+    DurabilityError,
+    StagingError,
+    StoreError,
+    StoreUnusableError,
+    TransientStoreError,
+)
 from bt_agent.log import AgentLog, counted, format_bytes
 from bt_agent.records import CommandResult, JobRecord, JobStatus, NodeRecord, now_iso
 from bt_agent.settings import DEFAULT_OUTAGE_SECONDS, STORE_OUTAGE_VARIABLE
@@ -94,10 +100,18 @@ class JobRunner:
             self.log.warning("cannot become a child subreaper: orphans will not be reaped here")
         with self.relay:
             try:
-                self._wait_out_the_store(self._claim.take)
+                self._before_commands(self._claim.take)
             except InterruptedError:
                 return self._stopped_outcome().exit_code
             return self._run_claimed()
+
+    def _before_commands(self, call: Callable[[], object]) -> None:
+        """``call()``, an outage of the store waited out, before any command runs: a store that
+        cannot be used then fails the job as a deploy does (:class:`StoreUnusableError`)."""
+        try:
+            self._wait_out_the_store(call)
+        except StoreError as exc:
+            raise StoreUnusableError(f"{exc}; the job did not start (no command ran)") from exc
 
     def _run_claimed(self) -> int:
         with (
@@ -129,7 +143,7 @@ class JobRunner:
             {"training_job": self.plan.spec.wire},
         )
         try:
-            self._wait_out_the_store(lambda: self.catalog.create_job(record))
+            self._before_commands(lambda: self.catalog.create_job(record))
         except InterruptedError:
             return self._stopped_outcome()
         self._enter(JobStatus.CREATED)
