@@ -17,7 +17,13 @@ from urllib.parse import urlparse
 
 from bt_agent import gpus
 from bt_agent.errors import Problem, UsageError
-from bt_agent.settings import CONTEXT_VARIABLES, RETRY_COUNT_VARIABLE, Environ
+from bt_agent.settings import (
+    CONTEXT_VARIABLES,
+    NODE_CACHE_MAX_BYTES_VARIABLE,
+    RETRY_COUNT_VARIABLE,
+    Environ,
+    parse_size,
+)
 
 DEFAULT_GRACE_SECONDS = 30.0
 DEFAULT_SECRETS_DIR = "/secrets"
@@ -91,6 +97,7 @@ class NodeContext:
     retry_count: int = 0
     warnings: tuple[str, ...] = field(default=())
     team: str = DEFAULT_TEAM  # the project's team_name; its caches are shared by the team
+    cache_budget: int | None = None  # bytes the node cache is pruned to after staging
 
     @property
     def project_id(self) -> str:
@@ -217,6 +224,7 @@ def resolve(
         retry_count=_retry_count(environ),
         warnings=_warnings(group_size, node_count, num_gpus, gpu_request),
         team=config_team or DEFAULT_TEAM,
+        cache_budget=_cache_budget(environ, r.problems),
     )
     if r.problems:
         raise UsageError("invalid node context:\n" + "\n".join(f"  - {p}" for p in r.problems))
@@ -259,6 +267,18 @@ def store_url(value: str | None, environ: Environ, where: str) -> tuple[str, Pro
     if parsed.scheme != "file" and not parsed.netloc:
         return value, Problem(where, f"the store URL {value!r} names no bucket", STORE_FORMS)
     return value, None
+
+
+def _cache_budget(environ: Environ, problems: list[Problem]) -> int | None:
+    """``BT_NODE_CACHE_MAX_BYTES``, where it is set (a size that is none is a problem)."""
+    value = environ.get(NODE_CACHE_MAX_BYTES_VARIABLE)
+    if not value:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        problems.append(Problem(NODE_CACHE_MAX_BYTES_VARIABLE, str(exc)))
+        return None
 
 
 def _retry_count(environ: Environ) -> int:

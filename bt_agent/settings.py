@@ -7,6 +7,7 @@ module reads ``os.environ`` behind the caller's back.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,8 @@ RETRY_COUNT_VARIABLE = "BT_RETRY_COUNT"
 NODE_CACHE_DIR_VARIABLE = "BT_NODE_CACHE_DIR"
 NODE_CACHE_MAX_BYTES_VARIABLE = "BT_NODE_CACHE_MAX_BYTES"
 CLUSTER_CACHE_DIR_VARIABLE = "BT_CLUSTER_CACHE_DIR"
+#: A size: a number and, as Kubernetes writes quantities, a unit (``G``: 1000^3, ``Gi``: 1024^3).
+_SIZE = re.compile(r"(\d+)(?:\.(\d+))?\s*(?:([KMGTP])(i?))?B?", re.IGNORECASE)
 #: How long staging waits out an unreachable store (seconds).
 STORE_OUTAGE_VARIABLE = "BT_STORE_OUTAGE_SECONDS"
 DEFAULT_OUTAGE_SECONDS = 300.0
@@ -77,3 +80,20 @@ class Environ:
         home = Path(self.values.get("HOME") or Path.home())
         data = Path(self.values.get("XDG_DATA_HOME") or home / ".local" / "share")
         return (data / "bt-agent" / "store").as_uri()
+
+
+def parse_size(text: str) -> int:
+    """The bytes that ``text`` says: a whole number of bytes, or a number and a unit as
+    Kubernetes writes quantities (``500G`` is 500 x 1000^3 bytes, ``465Gi`` 465 x 1024^3; any
+    case, and a final ``B``, are taken too). A :class:`ValueError` saying how to write one
+    where it is none."""
+    found = _SIZE.fullmatch(text.strip())
+    if found is None:
+        raise ValueError(
+            f"{text!r} is not a size; write bytes (500000000000) or a number and a unit "
+            "(500G, 465Gi)"
+        )
+    whole, fraction, unit, binary = found.groups()
+    scale: int = (1024 if binary else 1000) ** ("KMGTP".index(unit.upper()) + 1 if unit else 0)
+    parts = int(fraction) * scale // 10 ** len(fraction) if fraction else 0
+    return int(whole) * scale + parts

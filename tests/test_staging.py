@@ -24,7 +24,7 @@ from http_proxy import ForwardProxy
 
 from bt_agent.errors import StagingError, UnsafeKeyError
 from bt_agent.log import AgentLog
-from bt_agent.settings import Environ
+from bt_agent.settings import Environ, parse_size
 from bt_agent.spec.models import WeightsSource
 from bt_agent.staging.cache import NodeCache, entry_id
 from bt_agent.staging.patterns import selected
@@ -459,6 +459,48 @@ def test_an_entry_written_to_through_a_mount_is_fetched_again(
     assert {path.name: path.read_bytes() for path in mount.iterdir()} == files
     third = agent("stage", str(spec), *agent.context_args(), env=env)
     assert "3 in the node cache, 0 to fetch" in third.err, third.err
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("1500", 1500), ("2K", 2000), ("2KiB", 2048), ("1.5Gi", 3 * 2**29), ("500g", 500 * 10**9)],
+)
+def test_sizes_are_read_as_kubernetes_writes_quantities(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["-5", "10X", "G", "1.5.2", ""])
+def test_what_is_no_size_says_how_to_write_one(text: str) -> None:
+    with pytest.raises(ValueError, match=r"is not a size; write bytes .* or a number and a unit"):
+        parse_size(text)
+
+
+def test_the_cache_budget_takes_a_unit_and_refuses_what_is_no_size(
+    agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
+) -> None:
+    """``BT_NODE_CACHE_MAX_BYTES=2K`` prunes the cache to 2,000 bytes after staging (a value
+    with a unit was ignored, the cache left to grow without a word); one that is no size stops
+    the job before anything is staged, naming the variable, and ``cache prune`` says the same
+    (it failed with a traceback)."""
+    env = _env(agent, s3_server, hf_server)
+
+    def spec(files: dict[str, bytes]) -> str:
+        url = _seed_s3(s3_server, files)
+        weights = [{"source": url, "mount_location": "/d", "auth_secret_name": "s3_creds"}]
+        return str(agent.spec(_job(weights, "true"), name=f"{url.split('/')[2]}.json"))
+
+    first = spec({f"f{i}.bin": bytes([i]) * 1000 for i in range(3)})
+    assert agent("stage", first, *agent.context_args(), env=env).code == 0
+    budget = {**env, "BT_NODE_CACHE_MAX_BYTES": "2K"}
+    second = agent("stage", spec({"g.bin": bytes(1000)}), *agent.context_args(), env=budget)
+    assert second.code == 0, second.text  # the first source's mount is gone: evictable
+    assert "node cache: evicted 2 least recently used entries" in second.err, second.err
+    wrong = {**env, "BT_NODE_CACHE_MAX_BYTES": "lots"}
+    said = "BT_NODE_CACHE_MAX_BYTES: 'lots' is not a size; write bytes"
+    refused = agent("stage", first, *agent.context_args(), env=wrong)
+    assert refused.code == 2 and said in refused.err, refused.text
+    prune = agent("cache", "prune", "--node-root", str(agent.node_root), env=wrong)
+    assert prune.code == 2 and said in prune.err, prune.text
 
 
 def test_sigterm_while_staging(

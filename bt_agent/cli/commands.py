@@ -132,7 +132,11 @@ def stage(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def cache(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from bt_agent.records import now_iso
-    from bt_agent.settings import NODE_CACHE_DIR_VARIABLE, NODE_CACHE_MAX_BYTES_VARIABLE
+    from bt_agent.settings import (
+        NODE_CACHE_DIR_VARIABLE,
+        NODE_CACHE_MAX_BYTES_VARIABLE,
+        parse_size,
+    )
     from bt_agent.staging.cache import NodeCache
 
     environ = Environ.current()
@@ -142,7 +146,10 @@ def cache(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.cache_command == "prune":
         budget = args.max_bytes
         if budget is None:
-            budget = int(environ.get(NODE_CACHE_MAX_BYTES_VARIABLE) or 0)
+            try:
+                budget = parse_size(environ.get(NODE_CACHE_MAX_BYTES_VARIABLE) or "0")
+            except ValueError as exc:
+                raise UsageError(f"{NODE_CACHE_MAX_BYTES_VARIABLE}: {exc}") from None
         removed = node_cache.evict(budget)
         freed = sum(e.size for e in removed)
         out.write(f"evicted {len(removed)} entries ({freed} bytes) from {node_cache.root}\n")

@@ -152,9 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "prune":
             sub.add_argument(
                 "--max-bytes",
-                type=int,
+                type=_size,
                 default=None,
-                help="budget to prune to (default $BT_NODE_CACHE_MAX_BYTES, else 0)",
+                metavar="SIZE",
+                help="budget to prune to: bytes, or with a unit (500G, 465Gi) "
+                "(default $BT_NODE_CACHE_MAX_BYTES, else 0)",
             )
         else:
             _add_format(sub)
@@ -317,3 +319,13 @@ def _handlers() -> dict[str, Handler]:
         "checkpoints": commands.checkpoints,
         "store": commands.store,
     }
+
+
+def _size(text: str) -> int:
+    """An argument that is a size (:func:`bt_agent.settings.parse_size`)."""
+    from bt_agent.settings import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -27,7 +27,6 @@ from bt_agent.settings import (
     CLUSTER_CACHE_DIR_VARIABLE,
     DEFAULT_OUTAGE_SECONDS,
     NODE_CACHE_DIR_VARIABLE,
-    NODE_CACHE_MAX_BYTES_VARIABLE,
     STORE_OUTAGE_VARIABLE,
     Environ,
 )
@@ -172,9 +171,8 @@ def stage_job_weights(
     trained = TrainedCheckpoints(context.store_url, context.job_id)
     stager = WeightsStager(cache, log, environ, secrets.values, host, stopping, cluster, trained)
     plans = stager.stage(job.weights)
-    budget = environ.get(NODE_CACHE_MAX_BYTES_VARIABLE)
-    if budget and budget.isdigit():
-        removed = cache.evict(int(budget))
+    if context.cache_budget is not None:
+        removed = cache.evict(context.cache_budget)
         if removed:
             freed = _mb(sum(e.size for e in removed))
             log.info(f"node cache: evicted {len(removed)} least recently used entries ({freed})")
