@@ -18,9 +18,13 @@ from urllib.parse import urlparse
 from bt_agent import gpus
 from bt_agent.errors import Problem, UsageError
 from bt_agent.settings import (
+    CHECKPOINT_QUIET_VARIABLE,
     CONTEXT_VARIABLES,
+    DRAIN_TIMEOUT_VARIABLE,
     NODE_CACHE_MAX_BYTES_VARIABLE,
     RETRY_COUNT_VARIABLE,
+    STORE_OUTAGE_VARIABLE,
+    UPLOAD_WORKERS_VARIABLE,
     Environ,
     parse_size,
 )
@@ -30,6 +34,15 @@ DEFAULT_SECRETS_DIR = "/secrets"
 #: Where a store can live (DESIGN.md §3). ``s3://`` honours AWS_ENDPOINT_URL, ``gs://``
 #: STORAGE_EMULATOR_HOST.
 STORE_SCHEMES = ("file", "s3", "r2", "cw", "gs", "azure")
+#: Tunables that the modules using them read from the environment, checked here first (one
+#: that is no number was taken as unset, without a word): each variable, and whether it counts
+#: (a whole number, at least 1) rather than seconds (a number, at least 0).
+TUNABLES = (
+    (STORE_OUTAGE_VARIABLE, False),
+    (CHECKPOINT_QUIET_VARIABLE, False),
+    (DRAIN_TIMEOUT_VARIABLE, False),
+    (UPLOAD_WORKERS_VARIABLE, True),
+)
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 
@@ -226,6 +239,7 @@ def resolve(
         team=config_team or DEFAULT_TEAM,
         cache_budget=_cache_budget(environ, r.problems),
     )
+    r.problems += _tunable_problems(environ)
     if r.problems:
         raise UsageError("invalid node context:\n" + "\n".join(f"  - {p}" for p in r.problems))
     return context
@@ -279,6 +293,30 @@ def _cache_budget(environ: Environ, problems: list[Problem]) -> int | None:
     except ValueError as exc:
         problems.append(Problem(NODE_CACHE_MAX_BYTES_VARIABLE, str(exc)))
         return None
+
+
+def _tunable_problems(environ: Environ) -> list[Problem]:
+    """What is wrong with the :data:`TUNABLES` that are set."""
+    found = []
+    for variable, counts in TUNABLES:
+        value = environ.get(variable)
+        if value is None:
+            continue
+        if counts and not (value.strip().isdigit() and int(value) >= 1):
+            found.append(Problem(variable, f"expected a whole number, at least 1, got {value!r}"))
+        elif not counts and not _seconds(value):
+            said = f"expected a number of seconds, at least 0, got {value!r}"
+            found.append(Problem(variable, said, f"set it to e.g. {DEFAULT_GRACE_SECONDS:.0f}"))
+    return found
+
+
+def _seconds(value: str) -> bool:
+    """Whether ``value`` is a number of seconds: finite, not below 0."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        return False
+    return 0 <= seconds < float("inf")
 
 
 def _retry_count(environ: Environ) -> int:
