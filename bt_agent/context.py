@@ -172,7 +172,7 @@ class _Resolver:
             seconds = float(value)
         except ValueError:
             seconds = -1.0
-        if not seconds > 0:
+        if not 0 < seconds < float("inf"):
             self.problems.append(
                 Problem(
                     where,

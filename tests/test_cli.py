@@ -246,16 +246,18 @@ def test_a_store_url_that_names_no_store_is_refused(
 def test_tunables_that_are_no_number_are_refused_before_the_job_starts(agent: Agent) -> None:
     """A drain of ``10m``, no upload workers, a negative outage, a quiet time of ``nan``: each
     named, all at once, exit 2, nothing created (each was taken as unset, without a word: a
-    drain raised to keep checkpoints fell back to its default)."""
+    drain raised to keep checkpoints fell back to its default); so is a grace period of
+    ``inf`` (it was taken)."""
     wrong = {
         "BT_UPLOAD_DRAIN_SECONDS": "10m",
         "BT_UPLOAD_WORKERS": "0",
         "BT_STORE_OUTAGE_SECONDS": "-1",
         "BT_CHECKPOINT_QUIET_SECONDS": "nan",
     }
-    result = agent("run", str(agent.spec(job())), *agent.context_args(), env=wrong)
+    args = (*agent.context_args(), "--grace-period", "inf")  # a SIGKILL that never comes
+    result = agent("run", str(agent.spec(job())), *args, env=wrong)
     assert result.code == 2, result.text
-    for variable, value in wrong.items():
+    for variable, value in {**wrong, "--grace-period": "inf"}.items():
         assert f"  - {variable}: expected a " in result.err and repr(value) in result.err
     assert not agent.store.exists()
     fine = {"BT_UPLOAD_DRAIN_SECONDS": "600", "BT_UPLOAD_WORKERS": "8"}
