@@ -503,6 +503,30 @@ def test_the_cache_budget_takes_a_unit_and_refuses_what_is_no_size(
     assert prune.code == 2 and said in prune.err, prune.text
 
 
+@pytest.mark.parametrize(
+    ("tier", "variable"),
+    [("node", "BT_NODE_CACHE_DIR"), ("cluster", "BT_CLUSTER_CACHE_DIR")],
+)
+def test_a_cache_dir_that_cannot_be_made_names_its_variable(
+    agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah, tier: str, variable: str
+) -> None:
+    """The node cache (or the cluster tier) set below a file: a failed deploy naming the
+    directory and the variable that moves it (the node cache's was a traceback, exit 1)."""
+    env = _env(agent, s3_server, hf_server)
+    url = _seed_s3(s3_server, {"f.bin": bytes(1000)})
+    spec = agent.spec(
+        _job([{"source": url, "mount_location": "/d", "auth_secret_name": "s3_creds"}], "true")
+    )
+    blocker = agent.root / "a-file"
+    blocker.write_text("not a directory")
+    result = agent(
+        "stage", str(spec), *agent.context_args(), env={**env, variable: str(blocker / "cache")}
+    )
+    assert result.code == 3, result.text
+    said = f"cannot make the {tier} cache {blocker / 'cache'} (Not a directory); set {variable} to"
+    assert said in result.err and "Traceback" not in result.err, result.err
+
+
 def test_sigterm_while_staging(
     agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
 ) -> None:

@@ -167,7 +167,7 @@ class NodeCache:
         written to since it was placed)."""
         try:
             found = os.stat(path)
-        except FileNotFoundError:
+        except OSError:  # absent; or unreadable, which filling it says more of
             return None
         sealed = found.st_mtime_ns == SEALED_MTIME_NS and stat.S_ISREG(found.st_mode)
         return found if sealed and found.st_size == size else None

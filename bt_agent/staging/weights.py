@@ -278,8 +278,7 @@ class WeightsStager:
         if not misses:
             return
         need = sum(f.info.size for f in misses)
-        self.cache.root.mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(self.cache.root).free
+        free = self._prepare(plan)
         if need > free:
             raise self._fail(
                 plan,
@@ -304,6 +303,21 @@ class WeightsStager:
             f"weights[{plan.index}] fetched {tally.summary()} in {seconds:.1f} s "
             f"({tally.size / seconds / 1e6:,.0f} MB/s)"
         )
+
+    def _prepare(self, plan: SourcePlan) -> int:
+        """The node cache's free bytes, its directory (and the cluster tier's) made first: one
+        that cannot be made fails the plan naming the variable that moves it."""
+        tiers = [(self.cache, "node", NODE_CACHE_DIR_VARIABLE)]
+        if self.cluster is not None:
+            tiers.append((self.cluster, "cluster", CLUSTER_CACHE_DIR_VARIABLE))
+        for cache, tier, variable in tiers:
+            try:
+                cache.root.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                said = f"cannot make the {tier} cache {cache.root} ({exc.strerror})"
+                fix = f"set {variable} to a directory this agent can write"
+                raise self._fail(plan, plan.weights, OSError(f"{said}; {fix}")) from exc
+        return shutil.disk_usage(self.cache.root).free
 
     def _fetch_each(
         self, plan: SourcePlan, items: list[PlannedFile], progress: Progress, tally: _Tally
