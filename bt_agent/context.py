@@ -7,6 +7,7 @@ With a node root ``R`` every absolute container path ``P`` becomes ``R/P`` (DESI
 from __future__ import annotations
 
 import hashlib
+import os
 import posixpath
 import re
 import secrets as random
@@ -216,8 +217,10 @@ def resolve(
                 "set --leader-addr or BT_LEADER_ADDR on every node",
             )
         )
-    root_value, _ = r.raw("node_root")
+    root_value, root_where = r.raw("node_root")
     layout = Layout(Path(root_value).absolute() if root_value else None)
+    if layout.node_root is not None and (problem := _unmakeable(layout.node_root)):
+        r.problems.append(Problem(root_where, problem, "give a directory this agent can write"))
     secrets_value, _ = r.raw("secrets_dir")
     store, store_where = r.raw("store")
     store_url = _store_url(store, environ, r.problems, store_where)
@@ -293,6 +296,19 @@ def _cache_budget(environ: Environ, problems: list[Problem]) -> int | None:
     except ValueError as exc:
         problems.append(Problem(NODE_CACHE_MAX_BYTES_VARIABLE, str(exc)))
         return None
+
+
+def _unmakeable(directory: Path) -> str | None:
+    """Why ``directory`` cannot be had, without making it: the nearest of it and its parents
+    that is there is not a directory, or (where it must be made) cannot be written in."""
+    there = directory
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    if not there.is_dir():
+        return f"{directory} cannot be made: {there} is not a directory"
+    if there != directory and not os.access(there, os.W_OK | os.X_OK):
+        return f"{directory} cannot be made: {there} is not writable"
+    return None
 
 
 def _tunable_problems(environ: Environ) -> list[Problem]:

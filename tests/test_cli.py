@@ -264,6 +264,19 @@ def test_tunables_that_are_no_number_are_refused_before_the_job_starts(agent: Ag
     assert agent("run", str(agent.spec(job())), *agent.context_args(), env=fine).code == 0
 
 
+def test_a_node_root_that_cannot_be_made_is_refused(agent: Agent) -> None:
+    """``--node-root`` below a file: a node-context error naming it, nothing created (it was a
+    traceback when the node was claimed)."""
+    blocker = agent.root / "a-file"
+    blocker.write_text("not a directory")
+    args = ["--node-root", str(blocker / "node"), "--store", str(agent.store)]
+    result = agent("run", str(agent.spec(job())), *args)
+    assert result.code == 2, result.text
+    said = f"  - --node-root: {blocker / 'node'} cannot be made: {blocker} is not a directory"
+    assert said in result.err and "Traceback" not in result.err, result.err
+    assert not agent.store.exists()
+
+
 def test_multinode_needs_a_leader(agent: Agent) -> None:
     result = agent("run", str(agent.spec(job(compute={"node_count": 2}))), *agent.context_args())
     assert result.code == 2 and "--leader-addr" in result.err
