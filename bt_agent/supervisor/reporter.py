@@ -1,6 +1,13 @@
 """Keep the store's view of this node current: the node record whenever it changes, the node's
 log every few seconds while it grows.
 
+The log is stored whole each time (the store's layout holds it as one object, and object stores
+cannot append), so a log that has grown large is shipped less often: after a shipment that took
+``t`` seconds, the next waits ``LOG_SHARE`` times that (at least the interval). Shipping then
+takes at most a share of the job's time and of the link, where a log of a gigabyte would have
+been sent again every few seconds for the rest of a days-long job. A terminal record, and the
+end of the job, take the whole log first whenever it is due.
+
 The writes run on a thread of their own, so an unreachable store neither blocks nor fails the
 job: what could not be written is written once the store is back (the newest record wins), and
 the end of the job waits for that until a deadline (:meth:`StoreReporter.flush`). Each record is
@@ -21,6 +28,8 @@ from bt_agent.records import NodeRecord
 
 #: How often the log is shipped while it grows, and the store tried again while it fails.
 INTERVAL_SECONDS = 3.0
+#: A shipment of the log that took t seconds is followed by none for LOG_SHARE x t seconds.
+LOG_SHARE = 20
 
 
 class StoreReporter:
@@ -43,6 +52,8 @@ class StoreReporter:
         self._shipped = -1  # the log's size when last shipped
         self._failing = False
         self._closed = False
+        self._flushing = False  # the end of the job waits for the whole log: ship it now
+        self._next_ship = 0.0  # time.monotonic() before which the log waits (unless ending)
         self._thread = threading.Thread(target=self._loop, daemon=True, name="bt-agent-records")
 
     def __enter__(self) -> StoreReporter:
@@ -65,6 +76,7 @@ class StoreReporter:
         (``time.monotonic()``; asked again as it waits, since a stop signal brings it closer)
         passes; True if they are."""
         with self._changed:
+            self._flushing = True
             self._changed.notify_all()
             while not self._settled():
                 left = deadline() - time.monotonic()
@@ -87,7 +99,7 @@ class StoreReporter:
             with self._changed:
                 if self._closed:
                     return
-                if (self._pending is None and self._log_size() == self._shipped) or self._failing:
+                if (self._pending is None and not self._log_due(None)) or self._failing:
                     self._changed.wait(self._interval)
                 record, self._pending = self._pending, None
                 self._busy = True
@@ -100,10 +112,8 @@ class StoreReporter:
 
     def _write(self, record: NodeRecord | None) -> None:
         try:
-            size = self._log_size()
-            if size != self._shipped:
-                self._upload_log(self._log_path)
-                self._shipped = size
+            if self._log_due(record):
+                self._ship_log()
             if record is not None:
                 self._write_record(record)
         except (BtAgentError, OSError) as exc:
@@ -120,3 +130,20 @@ class StoreReporter:
         if self._failing:
             self._failing = False
             self._log.info("the store is reachable again: node record and log saved")
+
+    def _log_due(self, record: NodeRecord | None) -> bool:
+        """Whether the log is to be shipped now: it grew, and its time has come (a terminal
+        ``record`` or the end of the job does not wait for that)."""
+        if self._log_size() == self._shipped:
+            return False
+        ending = self._flushing or (record is not None and record.status.terminal)
+        return ending or time.monotonic() >= self._next_ship
+
+    def _ship_log(self) -> None:
+        """Store the log as it is now, and when the next shipment may go."""
+        size = self._log_size()
+        started = time.monotonic()
+        self._upload_log(self._log_path)
+        self._shipped = size
+        took = time.monotonic() - started
+        self._next_ship = time.monotonic() + max(self._interval, LOG_SHARE * took)
