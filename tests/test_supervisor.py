@@ -209,3 +209,19 @@ def test_record_keeps_every_transition_with_time(agent: Agent) -> None:
     assert isinstance(history, list) and len(history) == 4
     assert all(h["at"].endswith("Z") for h in history)
     assert [h["at"] for h in history] == sorted(h["at"] for h in history)
+
+
+def test_a_progress_bar_redrawn_with_carriage_returns_shows_as_it_goes(agent: Agent) -> None:
+    """A bar that redraws itself with ``\\r`` and no newline (tqdm's, the Hugging Face
+    Trainer's) reaches the container's log while the command runs, not once it ends (the
+    output was passed on only at a newline: nothing for as long as an epoch's bar lasts)."""
+    bar = (
+        "i=0; while [ $i -lt 40 ]; do i=$((i+1)); printf '\\r%d%%|step %d' $i $i >&2; "
+        "sleep 0.1; done; printf '\\n' >&2"
+    )
+    process = agent.start(job_with(start_commands=[bar]))
+    seen = agent.root / "agent.err"
+    wait_for(lambda: b"|step 5" in seen.read_bytes(), timeout=30, what="the bar's fifth redraw")
+    assert b"|step 40" not in seen.read_bytes(), "the bar was shown only once it ended"
+    assert finish(process, 60, agent) == 0
+    assert b"\r39%|step 39\r40%|step 40\n" in seen.read_bytes()

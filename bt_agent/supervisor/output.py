@@ -1,4 +1,8 @@
-"""Copy a child's stdout and stderr to the agent's own, line by line, and to the node log."""
+"""Copy a child's stdout and stderr to the agent's own, line by line, and to the node log.
+
+A line ends at ``\n`` or at ``\r``: a progress bar (tqdm's, the Hugging Face Trainer's) redraws
+itself with ``\r`` alone, and would otherwise show nothing until the bar is done, hours later.
+"""
 
 from __future__ import annotations
 
@@ -28,19 +32,21 @@ class OutputPump:
         self._threads.append(thread)
 
     def _pump(self, source: BinaryIO, sink: TextIO) -> None:
-        """Lines of up to MAX_LINE bytes; a longer line comes in pieces, and the end of each
-        piece that a secret value could start in waits for the next one, so that no value
-        passes unmasked across the cut (nor a character's bytes, decoded across it)."""
+        """What the child writes, as it comes, up to its last line end (``\n`` or ``\r``);
+        the rest waits for its end. A line longer than MAX_LINE comes in pieces, and the end
+        of each piece that a secret value could start in waits for the next one, so that no
+        value passes unmasked across the cut (nor a character's bytes, decoded across it)."""
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        held = ""
+        pending = ""  # after the last line end: not yet written
+        read = getattr(source, "read1", source.read)  # what is there, not a full buffer
         with source:
             while True:
-                chunk = source.readline(MAX_LINE)
-                text = self.redact(held + decoder.decode(chunk, final=not chunk))
-                held = ""
-                if chunk and not text.endswith("\n"):
-                    cut = max(len(text) - max(self.redact.longest - 1, 0), 0)
-                    text, held = text[:cut], text[cut:]
+                chunk = read(MAX_LINE)
+                text = self.redact(pending + decoder.decode(chunk, final=not chunk))
+                end = max(text.rfind("\n"), text.rfind("\r")) + 1 if chunk else len(text)
+                if not end and len(text) >= MAX_LINE:
+                    end = max(len(text) - max(self.redact.longest - 1, 0), 0)
+                text, pending = text[:end], text[end:]
                 if text:
                     self._write(text, sink)
                 if not chunk:
