@@ -6,6 +6,7 @@ itself says about the job.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -26,8 +27,7 @@ class AgentLog:
     def _emit(self, level: str, message: str) -> None:
         line = self.redact(f"bt-agent: {level}{message}") + "\n"
         with self._lock:
-            self.stream.write(line)
-            self.stream.flush()
+            write_through(self.stream, line)
             if self.copy is not None:
                 self.copy.write(line)
                 self.copy.flush()
@@ -40,6 +40,22 @@ class AgentLog:
 
     def error(self, message: str) -> None:
         self._emit("error: ", message)
+
+
+def write_through(stream: TextIO, text: str) -> None:
+    """``text`` written to ``stream`` and flushed; where no one reads it any more (a closed
+    pipe: ``bt-agent run ... | head``, a log collector gone), the stream's descriptor is pointed
+    at /dev/null instead, so that the job goes on (its output is in the node log all the same)
+    and no later write fails, the interpreter's last flush among them."""
+    try:
+        stream.write(text)
+        stream.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, stream.fileno())
+        finally:
+            os.close(devnull)
 
 
 def format_bytes(size: float) -> str:

@@ -225,3 +225,26 @@ def test_a_progress_bar_redrawn_with_carriage_returns_shows_as_it_goes(agent: Ag
     assert b"|step 40" not in seen.read_bytes(), "the bar was shown only once it ended"
     assert finish(process, 60, agent) == 0
     assert b"\r39%|step 39\r40%|step 40\n" in seen.read_bytes()
+
+
+def test_a_reader_of_the_agents_output_that_goes_away_does_not_end_the_job(agent: Agent) -> None:
+    """``bt-agent run ... | head -1``, or a log collector gone: the agent's stdout is a pipe no
+    one reads. The job goes on to the end and its whole output is in the node log (the pump's
+    thread died of the broken pipe, closing the child's: the job failed with it)."""
+    lines = "import sys\nfor i in range(100000): print('line', i)\nprint('last', file=sys.stderr)"
+    spec = agent.spec(job_with(start_commands=[f'{sys.executable} -c "{lines}"']))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bt_agent", "run", str(spec), *agent.context_args()],
+        env=agent.full_env(),
+        cwd=agent.root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    assert process.stdout.readline() == b"line 0\n"
+    process.stdout.close()  # as `head -1` does
+    err = process.stderr.read().decode()
+    assert process.wait(60) == 0, err
+    assert "COMPLETED (exit 0)" in err and "Traceback" not in err, err
+    log = agent("jobs", "logs", agent.only_job_id(), "--store", str(agent.store))
+    assert "line 99999\nlast\n" in log.out

@@ -10,6 +10,7 @@ import codecs
 import threading
 from typing import IO, BinaryIO, TextIO
 
+from bt_agent.log import write_through
 from bt_agent.secrets import Redactor
 
 MAX_LINE = 64 * 1024
@@ -54,8 +55,7 @@ class OutputPump:
 
     def _write(self, text: str, sink: TextIO) -> None:
         with self._lock:
-            sink.write(text)
-            sink.flush()
+            write_through(sink, text)
             self.log_file.write(text)
             self.log_file.flush()
 
