@@ -4,15 +4,15 @@ log every few seconds while it grows.
 The log is stored whole each time (the store's layout holds it as one object, and object stores
 cannot append), so a log that has grown large is shipped less often: after a shipment that took
 ``t`` seconds, the next waits ``LOG_SHARE`` times that (at least the interval). Shipping then
-takes at most a share of the job's time and of the link, where a log of a gigabyte would have
-been sent again every few seconds for the rest of a days-long job. A terminal record, and the
-end of the job, take the whole log first whenever it is due.
+takes at most a share of the job's time and of the link, where a large log would have been sent
+again and again for the rest of a long job.
 
 The writes run on a thread of their own, so an unreachable store neither blocks nor fails the
 job: what could not be written is written once the store is back (the newest record wins), and
-the end of the job waits for that until a deadline (:meth:`StoreReporter.flush`). Each record is
-written after the log as it was when the record was published, so whoever sees a terminal
-status in the store can read the whole log.
+the end of the job waits for that until a deadline (:meth:`StoreReporter.flush`). A terminal
+record is written after the log as it was when the record was published, at once, so whoever
+sees a terminal status in the store can read the whole log; another record goes without
+waiting for the log's turn.
 """
 
 from __future__ import annotations
