@@ -169,11 +169,8 @@ class _Resolver:
         value, where = self.raw(name)
         if value is None:
             return default
-        try:
-            seconds = float(value)
-        except ValueError:
-            seconds = -1.0
-        if not 0 < seconds < float("inf"):
+        seconds = _seconds(value)
+        if not seconds:  # none, or 0: a grace period or a wait must last
             self.problems.append(
                 Problem(
                     where,
@@ -320,19 +317,19 @@ def _tunable_problems(environ: Environ) -> list[Problem]:
             continue
         if counts and not (value.strip().isdigit() and int(value) >= 1):
             found.append(Problem(variable, f"expected a whole number, at least 1, got {value!r}"))
-        elif not counts and not _seconds(value):
+        elif not counts and _seconds(value) is None:
             said = f"expected a number of seconds, at least 0, got {value!r}"
             found.append(Problem(variable, said, f"set it to e.g. {DEFAULT_GRACE_SECONDS:.0f}"))
     return found
 
 
-def _seconds(value: str) -> bool:
-    """Whether ``value`` is a number of seconds: finite, not below 0."""
+def _seconds(value: str) -> float | None:
+    """``value`` as a number of seconds (finite, not below 0), else None."""
     try:
         seconds = float(value)
     except ValueError:
-        return False
-    return 0 <= seconds < float("inf")
+        return None
+    return seconds if 0 <= seconds < float("inf") else None
 
 
 def _retry_count(environ: Environ) -> int:

@@ -331,7 +331,7 @@ class WeightsStager:
                 item.entry, size, lambda path: self._fill(plan, item, path, tally)
             )
             tally.fetched(item, hit)
-            progress.add(item.info.size)
+            progress.add(size)
 
         if items:
             with ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="bt-stage") as pool:
