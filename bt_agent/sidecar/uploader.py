@@ -310,6 +310,7 @@ class Sidecar:
         report = DrainReport(left, reasons, time.monotonic() - started)
         self.journal.close()
         self.dir.close()
+        self.writers.close()
         return report
 
     def _what_is_lost(self) -> _Lost:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -17,10 +18,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pytest
 from helpers import Agent, finish, marked_processes, trainer_job, wait_for
 from sidecar_checks import FAST, manifests
 
 from bt_agent.settings import Environ
+from bt_agent.sidecar import writers as writers_module
 from bt_agent.sidecar.writers import Writers
 from bt_agent.storage import ObjectStore, open_store
 
@@ -382,11 +385,15 @@ def test_a_writer_that_closes_and_exits_at_once_is_not_torn(tmp_path: Path) -> N
         )
 
 
-def test_a_writer_reaped_before_its_close_is_seen_is_judged_by_its_reaper(tmp_path: Path) -> None:
+def test_a_writer_reaped_before_its_close_is_seen_is_judged_by_its_reaper(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The same last save on a busy node: the agent has reaped the writer (its own child, or
     an orphan it adopted) before the close event is seen, so /proc has no status left; the
-    reaper's does (recorded a moment after the process leaves /proc). A writer reaped by
-    another parent, whose status nobody here knows, still counts as ended while writing."""
+    reaper's does (recorded a moment after the process leaves /proc). On a system whose pidfds
+    keep no status (here: none opened), a writer reaped by another parent, whose status nobody
+    here knows, still counts as ended while writing."""
+    monkeypatch.setattr(writers_module, "open_pidfd", lambda pid: None)
     statuses: dict[int, int] = {}
     writers = Writers(tmp_path, reaped=statuses.get)
     unknown = Writers(tmp_path)
@@ -400,3 +407,87 @@ def test_a_writer_reaped_before_its_close_is_seen_is_judged_by_its_reaper(tmp_pa
         assert writers.closed(finished) is False, "its reaper says it exited on its own"
         assert writers.closed(killed) is True, "its reaper says a signal ended it"
         assert unknown.closed(finished) is True, "gone, and no status to read"
+
+
+def _kernel_keeps_exit_status() -> bool:
+    """Whether a pidfd keeps the exit status of its process once it is reaped (Linux 6.15)."""
+    process = subprocess.Popen(["true"])
+    pidfd = os.pidfd_open(process.pid)
+    try:
+        process.wait()
+        return writers_module.reaped_status(pidfd) == 0
+    finally:
+        os.close(pidfd)
+
+
+def test_a_writer_another_process_reaped_is_judged_by_the_status_the_kernel_kept(
+    tmp_path: Path,
+) -> None:
+    """A `cp` into the checkpoint dir that its shell waits for: the shell reaps it the moment
+    it ends, before the close event is seen, and the agent's reaper never hears of it. The
+    pidfd opened when a scan saw it writing still tells how it ended."""
+    if not _kernel_keeps_exit_status():
+        pytest.skip(f"this kernel ({os.uname().release}) keeps no exit status in pidfds (6.15+)")
+    writers = Writers(tmp_path)  # no reaper of its own: the test reaps them
+    with _two_writers(tmp_path, writers) as (clean, cut):
+        assert clean.wait(10) == 0 and cut.wait(10) == -signal.SIGKILL
+        assert not Path(f"/proc/{clean.pid}").exists(), "reaped"
+        assert writers.closed(str(tmp_path / "finished.pt")) is False, "it exited on its own"
+        assert writers.closed(str(tmp_path / "killed.pt")) is True, "a signal ended it"
+    writers.close()
+    assert writers.scan(force=True) == {} and not writers._pidfds, "none held once judged"
+
+
+# A shell that waits for a command writing a checkpoint file (its children write it, each
+# exiting on its own): every writer is reaped by the shell, never by the agent.
+SHELL_WRITES = (
+    'mkdir -p "$BT_CHECKPOINT_DIR/final" && (head -c 1000000 /dev/urandom; sleep 1; '
+    'head -c 1000000 /dev/urandom) > "$BT_CHECKPOINT_DIR/final/model.bin"'
+)
+# A writer the shell starts, kills mid-file and reaps, the shell going on to succeed.
+WRITE_AND_HOLD = """
+import os, sys, time
+with open(os.path.join(os.environ["BT_CHECKPOINT_DIR"], "final", "model.bin"), "wb") as f:
+    f.write(os.urandom(1_000_000))
+    f.flush()
+    time.sleep(30)
+"""
+
+
+def _shell_kills_its_writer(agent: Agent) -> str:
+    script = agent.root / "write_and_hold.py"
+    script.write_text(WRITE_AND_HOLD)
+    return (
+        f'mkdir -p "$BT_CHECKPOINT_DIR/final" && {{ {sys.executable} {script} & }}; '
+        "sleep 1.5; kill -KILL $!; wait $!; true"
+    )
+
+
+@pytest.mark.parametrize("torn", [False, True], ids=["exits-on-its-own", "killed"])
+def test_a_file_a_shell_waits_for_is_judged_by_how_its_writer_ended(
+    agent: Agent, torn: bool
+) -> None:
+    """A checkpoint written by a command of a shell (`... > $BT_CHECKPOINT_DIR/final/x`,
+    `cp`): committed when its writers exit on their own, held back when one is killed
+    mid-file. The first was held back as torn in most runs: the shell had reaped the writer
+    before its close was seen, and nothing could say how it ended."""
+    if not torn and not _kernel_keeps_exit_status():
+        pytest.skip(f"this kernel ({os.uname().release}) keeps no exit status in pidfds (6.15+)")
+    command = _shell_kills_its_writer(agent) if torn else SHELL_WRITES
+    for run in range(3):  # the close and the shell's reaping race: each run is another draw
+        job_id = f"shell{run}{int(torn)}"
+        job = {
+            "image": {"base_image": "x"},
+            "runtime": {
+                "start_commands": [command],
+                "checkpointing_config": {"enabled": True},
+            },
+        }
+        result = agent.run_job(job, "--job-id", job_id, env=FAST)
+        if torn:
+            assert result.code == 4, result.text
+            assert _committed(agent, job_id) == {}, result.text
+            _assert_not_committed(agent, job_id, result.err, "final")
+        else:
+            assert result.code == 0, result.text
+            assert _committed(agent, job_id) == {"final": [("model.bin", 2_000_000)]}
