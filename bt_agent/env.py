@@ -7,6 +7,8 @@ platform's ``BT_*`` variables, which a user cannot override.
 
 from __future__ import annotations
 
+import json
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,6 +24,9 @@ from bt_agent.settings import (
 )
 from bt_agent.spec.checks import SCRATCH_DIR, WORKING_DIR
 from bt_agent.spec.models import SecretReference, TrainingJob
+
+#: A name a POSIX shell can ``export``.
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 MASTER_PORT = 29500
 #: Signals torchrun passes on to its workers: all that the agent forwards.
@@ -113,11 +118,19 @@ class ChildEnvironment:
     secret_keys: frozenset[str]
 
     def export_lines(self) -> list[str]:
-        """``export K=V`` lines for the keys the agent sets, secret values masked."""
-        return [
-            f"export {key}={shlex.quote(MASK if key in self.secret_keys else self.values[key])}"
-            for key in self.exported
-        ]
+        """``export K=V`` lines for the keys the agent sets, secret values masked. A name no
+        shell can export (``B-C``, one with a space) is shown in a comment, so that the lines
+        stay what a shell can run."""
+        return [self._export_line(key) for key in self.exported]
+
+    def _export_line(self, key: str) -> str:
+        value = MASK if key in self.secret_keys else self.values[key]
+        if _SHELL_NAME.fullmatch(key):
+            return f"export {key}={shlex.quote(value)}"
+        return (
+            f"# {json.dumps(key)}={json.dumps(value)}: the commands get it, but no shell can "
+            "export this name"
+        )
 
 
 def platform_variables(job: TrainingJob, context: NodeContext, dirs: JobDirs) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -230,3 +231,24 @@ def test_env_command_prints_exports(agent: Agent) -> None:
     assert "export A='b c'" in lines and "export BT_TRAINING_JOB_ID=abc1234" in lines
     assert all(line.startswith("export ") for line in lines)
     assert not agent.node_root.exists(), "env creates nothing"
+
+
+def test_env_command_keeps_names_no_shell_can_export_out_of_its_exports(agent: Agent) -> None:
+    """The commands get every name the spec gives; a shell cannot export ``B-C`` or ``A B``
+    (``export A B=v`` exports two others), nor a name across two lines: those are shown as
+    comments, and what ``env`` prints runs in a shell as it is."""
+    names = {"B-C": "v", "SP A": "w", "A\nB": "x", "OK_1": "y"}
+    spec = agent.spec(job_with(environment_variables=names))
+    result = agent("env", str(spec), *agent.context_args())
+    assert result.code == 0, result.text
+    assert "export OK_1=y" in result.out.splitlines()
+    for name, value in names.items():
+        if name != "OK_1":
+            assert f"# {json.dumps(name)}={json.dumps(value)}: " in result.out, result.out
+    shell = subprocess.run(
+        ["sh", "-e", "-c", result.out + '\necho "$OK_1 $BT_NODE_RANK"'],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (shell.returncode, shell.stdout, shell.stderr) == (0, "y 0\n", "")
