@@ -8,7 +8,6 @@ platform's ``BT_*`` variables, which a user cannot override.
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,11 +21,8 @@ from bt_agent.settings import (
     SPEC_VARIABLE,
     TRAINING_CACHES_CONTAINER_DIR,
 )
-from bt_agent.spec.checks import SCRATCH_DIR, WORKING_DIR
+from bt_agent.spec.checks import SCRATCH_DIR, SHELL_NAME, WORKING_DIR
 from bt_agent.spec.models import SecretReference, TrainingJob
-
-#: A name a POSIX shell can ``export``.
-_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 MASTER_PORT = 29500
 #: Signals torchrun passes on to its workers: all that the agent forwards.
@@ -125,7 +121,7 @@ class ChildEnvironment:
 
     def _export_line(self, key: str) -> str:
         value = MASK if key in self.secret_keys else self.values[key]
-        if _SHELL_NAME.fullmatch(key):
+        if SHELL_NAME.fullmatch(key):
             return f"export {key}={shlex.quote(value)}"
         return (
             f"# {json.dumps(key)}={json.dumps(value)}: the commands get it, but no shell can "

@@ -252,3 +252,20 @@ def test_env_command_keeps_names_no_shell_can_export_out_of_its_exports(agent: A
         check=False,
     )
     assert (shell.returncode, shell.stdout, shell.stderr) == (0, "y 0\n", "")
+
+
+def test_names_the_shell_may_drop_are_warned_of(agent: Agent) -> None:
+    """``/bin/sh`` runs start_commands, and dash drops ``B-C`` and ``my.var`` from what it
+    runs: the job would find them missing without a word. ``validate`` and ``run`` say so,
+    naming the field; the job still runs."""
+    out = agent.root / "env.json"
+    names = {"B-C": "v", "my.var": "w", "OK": "x"}
+    spec = agent.spec(job_with(environment_variables=names, start_commands=[DUMP.format(out=out)]))
+    warned = [f"runtime.environment_variables[{json.dumps(n)}]: " for n in ("B-C", "my.var")]
+    validate = agent("validate", str(spec), *agent.context_args())
+    run = agent("run", str(spec), *agent.context_args())
+    for result in (validate, run):
+        assert result.code == 0, result.text
+        assert all(f"warning: {field}the shell" in result.err for field in warned), result.err
+        assert "environment_variables.OK" not in result.err
+    assert json.loads(out.read_text())["OK"] == "x"

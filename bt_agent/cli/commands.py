@@ -19,6 +19,7 @@ from bt_agent.log import counted, format_bytes
 from bt_agent.secrets import Secrets
 from bt_agent.secrets import resolve as resolve_secrets
 from bt_agent.settings import CONFIG_PYTHON_VARIABLE, CONTEXT_VARIABLES, SPEC_VARIABLE, Environ
+from bt_agent.spec.checks import shell_drops
 from bt_agent.spec.loader import load
 from bt_agent.storage import open_store
 from bt_agent.supervisor.job import JobRunner
@@ -91,6 +92,8 @@ def validate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         )
         return exc.exit_code
     job = plan.spec.job
+    for warning in shell_drops(job):
+        _warn(warning, err)
     summary = {
         "valid": True,
         "origin": plan.spec.origin,

@@ -9,6 +9,7 @@ checkpoints again as new ones; a mount inside the working dir would hide the use
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import dataclass
 
 from bt_agent.errors import Problem
@@ -25,6 +26,8 @@ SCRATCH_DIR = "/mnt/bt-scratch"
 WORKING_DIR = "/b10/workspace"
 RESERVED_ROOTS = ("/proc", "/sys", "/dev", "/etc", "/bin", "/sbin", "/usr", "/lib", "/lib64")
 AGENT_DIRS = (AGENT_STATE_DIR, posixpath.dirname(NODE_CACHE_CONTAINER_DIR))
+#: A name a POSIX shell can ``export``, and passes on to what it runs.
+SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,20 @@ def _environment_problems(job: TrainingJob) -> list[Problem]:
         if "\0" in command
     ]
     return problems
+
+
+def shell_drops(job: TrainingJob) -> list[str]:
+    """Warnings for variables no shell may pass on to what it runs (``B-C``, ``my.var``): the
+    system takes them, but ``start_commands`` run in ``/bin/sh``, and dash (Debian's and
+    Ubuntu's) drops them before the command starts; bash keeps them."""
+    base = "runtime.environment_variables"
+    return [
+        f"{join(base, name)}: the shell that runs start_commands may drop this name (dash, "
+        "/bin/sh on Debian and Ubuntu, does) before the command starts; name it with letters, "
+        "digits and underscores"
+        for name in job.runtime.environment_variables
+        if not SHELL_NAME.fullmatch(name)
+    ]
 
 
 def _forbidden(path: str) -> str | None:

@@ -32,6 +32,7 @@ from bt_agent.errors import (
 from bt_agent.log import AgentLog, counted, format_bytes
 from bt_agent.records import CommandResult, JobRecord, JobStatus, NodeRecord, now_iso
 from bt_agent.settings import DEFAULT_OUTAGE_SECONDS, STORE_OUTAGE_VARIABLE
+from bt_agent.spec.checks import shell_drops
 from bt_agent.storage.retry import retry_for
 from bt_agent.supervisor import tree
 from bt_agent.supervisor.checkpoints import CheckpointUploads
@@ -296,6 +297,8 @@ class JobRunner:
         commands = self.plan.spec.job.runtime.start_commands
         if not commands:
             self.log.warning("runtime.start_commands is empty: nothing to run")
+        for warning in shell_drops(self.plan.spec.job):
+            self.log.warning(warning)
         for index, command in enumerate(commands):
             started = now_iso()
             self.log.info(f"start_commands[{index}]: {command}")
