@@ -522,6 +522,26 @@ def test_hf_revisions_are_pinned(hf_server: servers.Olah, tmp_path: Path) -> Non
         at("nope").list()
 
 
+def test_a_hub_repository_not_found_says_which_secret_would_give_access(
+    hf_server: servers.Olah,
+) -> None:
+    """The Hub answers a private or gated repository the token cannot see as one that does
+    not exist: the error names the field that gives a token (auth_secret_name), or the
+    secret whose token was refused, never the token."""
+    environ = Environ({"HF_ENDPOINT": hf_server.endpoint})
+    anonymous = open_store("hf://nobody/private-model", environ)
+    with pytest.raises(NotFoundError, match=r"no repository 'nobody/private-model'") as info:
+        anonymous.list()
+    assert "name a secret holding a Hugging Face token" in str(info.value)
+    assert "auth_secret_name" in str(info.value)
+    token = "hf_" + uuid.uuid4().hex
+    named = open_store("hf://nobody/private-model", environ, token, "hf_access_token")
+    with pytest.raises(NotFoundError) as info:
+        named.list()
+    assert "the token in secret 'hf_access_token' is valid" in str(info.value)
+    assert token not in str(info.value)
+
+
 @pytest.mark.parametrize("backend", WRITABLE, indirect=True)
 def test_keys_with_characters_that_need_encoding(backend: Backend, tmp_path: Path) -> None:
     """Keys are percent-encoded exactly as they are signed (S3 checks the signature of the

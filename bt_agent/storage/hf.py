@@ -27,10 +27,13 @@ class HFStore(ObjectStore):
         token: str | None = None,
         endpoint: str | None = None,
         repo_type: str = "model",
+        secret_name: str = "",
     ) -> None:
+        """``secret_name``: the spec's secret holding ``token``, named in errors."""
         self.repo_id = repo_id
         self.revision = revision
         self.token = token
+        self.secret_name = secret_name
         self.endpoint = endpoint
         self.repo_type = repo_type
         self.url = f"hf://{repo_id}@{revision}"
@@ -56,6 +59,16 @@ class HFStore(ObjectStore):
             self._api = HfApi(endpoint=endpoint, token=self.token or False)
         return self._api
 
+    def _token_hint(self) -> str:
+        """What gives access: a token the spec names, or the one it named."""
+        if not self.token:
+            return (
+                "name a secret holding a Hugging Face token that has access to it (the "
+                "source's auth_secret_name)"
+            )
+        named = f"in secret {self.secret_name!r} " if self.secret_name else ""
+        return f"check that the token {named}is valid and its account has access to it"
+
     def _error(self, exc: Exception, key: str = "") -> Exception:
         from huggingface_hub import errors as hx
 
@@ -68,15 +81,14 @@ class HFStore(ObjectStore):
             )
         if isinstance(exc, hx.GatedRepoError):
             return AccessDeniedError(
-                f"{uri}: the repository is gated; accept its terms and "
-                "give a token that has access",
+                f"{uri}: the repository is gated; accept its terms on its page, then "
+                f"{self._token_hint()}",
                 uri,
             )
         if isinstance(exc, hx.RepositoryNotFoundError):
             return NotFoundError(
-                f"{uri}: no repository {self.repo_id!r} with a revision "
-                f"{self.revision!r} (or it is private and the token has no "
-                "access)",
+                f"{uri}: no repository {self.repo_id!r} with a revision {self.revision!r}; if "
+                f"it is private, {self._token_hint()}",
                 uri,
             )
         if isinstance(exc, hx.OfflineModeIsEnabled):
@@ -92,7 +104,7 @@ class HFStore(ObjectStore):
             status = getattr(exc.response, "status_code", 0) or 0
             if status in (401, 403):
                 return AccessDeniedError(
-                    f"{uri}: access denied (HTTP {status}); check the token", uri
+                    f"{uri}: access denied (HTTP {status}); {self._token_hint()}", uri
                 )
             if status == 404:
                 return NotFoundError(f"{uri} does not exist", uri)

@@ -78,7 +78,11 @@ def open_store(
 
         repo, _, revision = (parsed.netloc + parsed.path).partition("@")
         return HFStore(
-            repo.strip("/"), revision or "main", token=secret, endpoint=environ.get("HF_ENDPOINT")
+            repo.strip("/"),
+            revision or "main",
+            token=secret,
+            endpoint=environ.get("HF_ENDPOINT"),
+            secret_name=secret_name,
         )
     if scheme in ("http", "https"):
         from bt_agent.storage.http import HTTPStore
