@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +25,10 @@ from bt_agent.log import AgentLog, counted, format_bytes
 from bt_agent.records import Manifest, latest_manifest, natural_key
 from bt_agent.settings import DEFAULT_OUTAGE_SECONDS
 from bt_agent.spec.models import CheckpointReference, LatestCheckpoint, NamedCheckpoint
-from bt_agent.storage import ObjectInfo
+from bt_agent.staging.parallel import each
+from bt_agent.staging.progress import Progress
+from bt_agent.storage import ObjectInfo, ObjectStore
+from bt_agent.storage.base import Wanted
 from bt_agent.storage.retry import OutageWait
 
 JOBS_NAMED = 20  # the newest jobs an error names
@@ -158,14 +161,17 @@ class CheckpointLoader:
 
     def _download(self, item: Resolved) -> None:
         target = self.load_dir / f"rank-{self.context.node_rank}" / item.manifest.checkpoint
+        label = f"checkpoints[{item.index}]"
         try:
-            download_checkpoint(
-                self.catalog,
-                item.manifest,
-                target,
-                self.stopping,
-                lambda call: self.outage.call(f"checkpoints[{item.index}]", call),
-            )
+            with Progress(label, item.manifest.size, self.log, self.log.stream) as progress:
+                download_checkpoint(
+                    self.catalog,
+                    item.manifest,
+                    target,
+                    self.stopping,
+                    lambda call: self.outage.call(label, call),
+                    progress.add,
+                )
         except StoreError as exc:
             raise StagingError(f"checkpoints[{item.index}] {item.label}: {exc}") from exc
         m = item.manifest
@@ -183,27 +189,71 @@ def download_checkpoint(
 ) -> None:
     """Every file of a committed checkpoint into ``target``, each verified against the
     manifest's size and sha256; the directory appears, complete, only at the end. Each file's
-    download is made through ``attempt`` (which may retry it); ``fetched(size)`` is told of each
-    file once it is in place."""
+    download (:func:`fetch_files`) is made through ``attempt`` (which may retry it);
+    ``fetched(size)`` is told of each file once it is in place, from any thread."""
     partial = target.with_name(f".{target.name}.loading-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     m = manifest
     prefix = checkpoint_prefix(m.project, m.job_id, m.node_rank, m.checkpoint)
+    wanted = [
+        Wanted(
+            partial.joinpath(*entry.path.split("/")),
+            ObjectInfo(f"{prefix}/{entry.path}", entry.size, None, entry.sha256),
+        )
+        for entry in m.files
+    ]
     try:
-        for entry in m.files:
-            if stopping():
-                raise InterruptedError("stop requested")
-            key = f"{prefix}/{entry.path}"
-            expected = ObjectInfo(key, entry.size, None, entry.sha256)
-            path = partial.joinpath(*entry.path.split("/"))
-            attempt(functools.partial(catalog.store.download, key, path, expected))
-            fetched(entry.size)
+        fetch_files(catalog.store, wanted, stopping, attempt, fetched)
         if target.exists():
             shutil.rmtree(target)
         partial.mkdir(parents=True, exist_ok=True)  # a checkpoint may hold no file
         os.replace(partial, target)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
+
+
+def fetch_files(
+    store: ObjectStore,
+    wanted: list[Wanted],
+    stopping: Callable[[], bool],
+    attempt: Callable[[Callable[[], object]], object],
+    fetched: Callable[[int], None],
+) -> None:
+    """Each of ``wanted`` fetched to its destination, many at once: a store far away makes each
+    request wait on its round trip, so one after another they would take that many round
+    trips. The small ones go in one batch where the store has a batch path; the others, and
+    any the batch could not place, a thread each (a few at once: :mod:`parallel`; a large one
+    in parallel ranges of its own), each through ``attempt``. A stop requested ends it before
+    the next file (:class:`InterruptedError`)."""
+    for parent in {item.destination.parent for item in wanted}:
+        parent.mkdir(parents=True, exist_ok=True)
+    small = iter([item for item in wanted if store.in_batches(item.expected.size)])
+    rest = [item for item in wanted if not store.in_batches(item.expected.size)]
+
+    def check() -> None:
+        if stopping():
+            raise InterruptedError("stop requested")
+
+    def taken() -> Iterator[Wanted]:
+        for item in small:
+            check()
+            yield item
+
+    def placed(item: Wanted, error: Exception | None) -> None:
+        if error is None:
+            fetched(item.expected.size)
+        else:
+            rest.append(item)  # fetched again below, retried, and its error raised there
+
+    def one(item: Wanted) -> None:
+        check()
+        info = item.expected
+        attempt(functools.partial(store.download, info.key, item.destination, info))
+        fetched(info.size)
+
+    if store.batch_max_size() > 0:
+        store.download_batch(taken(), placed)
+    each(one, rest + list(small), "bt-load")
 
 
 def job_project(catalog: Catalog, job_id: str) -> str:

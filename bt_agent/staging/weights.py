@@ -15,7 +15,6 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from bt_agent.settings import (
 )
 from bt_agent.spec.models import TrainingJob, WeightsSource
 from bt_agent.staging.cache import ENTRY_MODE, Claim, NodeCache, copy_atomic, entry_id
+from bt_agent.staging.parallel import each
 from bt_agent.staging.patterns import selected
 from bt_agent.staging.progress import Progress
 from bt_agent.storage import ObjectInfo, ObjectStore, open_store
@@ -39,8 +39,6 @@ from bt_agent.storage.base import Wanted
 from bt_agent.storage.hf import HFStore
 from bt_agent.storage.keys import check_key
 from bt_agent.storage.retry import OutageWait
-
-FETCH_WORKERS = 8
 
 
 @dataclass(frozen=True)
@@ -333,9 +331,7 @@ class WeightsStager:
             tally.fetched(item, hit)
             progress.add(size)
 
-        if items:
-            with ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="bt-stage") as pool:
-                list(pool.map(one, items))
+        each(one, items, "bt-stage")
 
     def _fetch_batch(
         self, plan: SourcePlan, misses: list[PlannedFile], progress: Progress, tally: _Tally
