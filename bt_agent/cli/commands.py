@@ -272,6 +272,7 @@ def _tensors(summaries: list[Any], fmt: str, out: TextIO) -> None:
 
 
 def _download_for_serving(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from bt_agent.log import AgentLog
     from bt_agent.staging import serving
 
     environ = Environ.current()
@@ -281,8 +282,10 @@ def _download_for_serving(args: argparse.Namespace, out: TextIO, err: TextIO) ->
         raise UsageError(f"cannot read {args.config}: {exc.strerror}") from exc
     wanted = serving.parse(text, args.config)
     folder = _layout(args, environ).host(wanted.download_folder)
-    for target in serving.download(_catalog(args, environ, err), wanted, folder):
+    catalog = _catalog(args, environ, err)
+    for target in serving.download(catalog, wanted, folder, AgentLog(err)):
         out.write(f"{target}\n")
+        out.flush()
     return 0
 
 

@@ -6,14 +6,17 @@ verification as loading."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bt_agent.catalog import Catalog
 from bt_agent.errors import Problem, SpecError
+from bt_agent.log import AgentLog
 from bt_agent.spec.bt_uri import BadCheckpointURI, CheckpointURI, parse_checkpoint_uri
 from bt_agent.staging.checkpoints import download_checkpoint
+from bt_agent.staging.progress import Progress
 from bt_agent.staging.trained import resolve
 
 DEFAULT_SERVING_FOLDER = "/tmp/training_checkpoints"
@@ -83,11 +86,14 @@ def parse(text: str, origin: str) -> CheckpointList:
     return CheckpointList(str(folder), found)
 
 
-def download(catalog: Catalog, checkpoints: CheckpointList, folder: Path) -> list[Path]:
-    targets = []
-    for item in checkpoints.checkpoints:
+def download(
+    catalog: Catalog, checkpoints: CheckpointList, folder: Path, log: AgentLog
+) -> Iterator[Path]:
+    """Each checkpoint into ``folder``'s serving layout, yielded once it is whole, with
+    progress lines on ``log`` while it comes."""
+    for index, item in enumerate(checkpoints.checkpoints):
         manifest = resolve(catalog, item, None)
         target = folder / item.job_id / f"rank-{item.rank}" / manifest.checkpoint
-        download_checkpoint(catalog, manifest, target)
-        targets.append(target)
-    return targets
+        with Progress(f"checkpoints[{index}]", manifest.size, log, log.stream) as progress:
+            download_checkpoint(catalog, manifest, target, fetched=progress.add)
+        yield target
