@@ -567,6 +567,59 @@ def test_progress_lines_say_bytes_rate_and_eta() -> None:
     assert all(line.startswith("bt-agent: weights[1]: ") for line in lines)
 
 
+def test_progress_of_one_large_file_shows_as_it_comes(
+    own_s3: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    """One file of a model can take minutes (a consolidated checkpoint, a GGUF): its progress
+    counts what its partial file holds as the ranges arrive (the file is made its full size
+    at once, so its blocks say what has come), not 0% until it is whole. Through a link that
+    paces each connection at 16 MB/s."""
+    from far_link import FarLink
+
+    from bt_agent.staging.progress import Progress
+    from bt_agent.storage import open_store
+
+    size = 48 * 1024 * 1024
+    own_s3.client().put_object(Bucket="store", Key="big.bin", Body=b"\1" * size)
+    far = FarLink(own_s3.port, 0.0, 16e6)
+    buffer = io.StringIO()
+    env = {**own_s3.client_env(), "AWS_ENDPOINT_URL": far.endpoint}
+    try:
+        with open_store("s3://store", Environ(env)) as store:
+            info = store.stat("big.bin")
+            target = tmp_path / "big.bin"
+            with Progress("weights[0]", size, AgentLog(buffer), None, interval=0.1) as progress:
+                with progress.fetching(target, size):
+                    store.download("big.bin", target, info)
+                progress.add(size)
+    finally:
+        far.close()
+    shares = [int(share) for share in re.findall(r"\((\d+)%\)", buffer.getvalue())]
+    assert any(0 < share < 100 for share in shares), buffer.getvalue()
+    assert shares == sorted(shares), "never more than what has come"
+    assert target.read_bytes() == b"\1" * size
+
+
+def test_progress_counts_the_blocks_of_a_partial_file_made_its_full_size(
+    tmp_path: Path,
+) -> None:
+    """A ranged download makes its partial file the object's size first, then writes ranges
+    at their offsets: what has come is the blocks written, not the size."""
+    from bt_agent.staging.progress import Progress
+    from bt_agent.storage.base import partial_path
+
+    target = tmp_path / "model.bin"
+    partial = partial_path(target)
+    with open(partial, "wb") as handle:
+        handle.truncate(64 * 1024 * 1024)
+        handle.seek(8 * 1024 * 1024)
+        handle.write(b"x" * (4 * 1024 * 1024))
+    progress = Progress("weights[0]", 64 * 1024 * 1024, AgentLog(io.StringIO()), None)
+    with progress.fetching(target, 64 * 1024 * 1024):
+        assert "4.2 of 67.1 MB (6%)" in progress.line(), progress.line()
+    assert "0.0 of 67.1 MB (0%)" in progress.line(), "a file no longer under way counts nothing"
+
+
 def test_gs_r2_cw_and_https_sources(
     agent: Agent,
     s3_server: servers.SeaweedFS,

@@ -11,10 +11,12 @@ nodes, else rank 0, and says which.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +34,8 @@ from bt_agent.storage.base import Wanted
 from bt_agent.storage.retry import OutageWait
 
 JOBS_NAMED = 20  # the newest jobs an error names
+#: Holds while a file is fetched to a path, of a size (:meth:`Progress.fetching`).
+UnderWay = Callable[[Path, int], AbstractContextManager[object]]
 
 
 @dataclass(frozen=True)
@@ -171,6 +175,7 @@ class CheckpointLoader:
                     self.stopping,
                     lambda call: self.outage.call(label, call),
                     progress.add,
+                    progress.fetching,
                 )
         except StoreError as exc:
             raise StagingError(f"checkpoints[{item.index}] {item.label}: {exc}") from exc
@@ -186,11 +191,14 @@ def download_checkpoint(
     stopping: Callable[[], bool] = lambda: False,
     attempt: Callable[[Callable[[], object]], object] = lambda call: call(),
     fetched: Callable[[int], None] = lambda size: None,
+    under_way: UnderWay = lambda path, size: contextlib.nullcontext(),
 ) -> None:
     """Every file of a committed checkpoint into ``target``, each verified against the
     manifest's size and sha256; the directory appears, complete, only at the end. Each file's
     download (:func:`fetch_files`) is made through ``attempt`` (which may retry it);
-    ``fetched(size)`` is told of each file once it is in place, from any thread."""
+    ``fetched(size)`` is told of each file once it is in place, from any thread, and
+    ``under_way(path, size)`` (:meth:`Progress.fetching`) holds while a file is fetched one by
+    one."""
     partial = target.with_name(f".{target.name}.loading-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     m = manifest
@@ -203,7 +211,7 @@ def download_checkpoint(
         for entry in m.files
     ]
     try:
-        fetch_files(catalog.store, wanted, stopping, attempt, fetched)
+        fetch_files(catalog.store, wanted, stopping, attempt, fetched, under_way)
         if target.exists():
             shutil.rmtree(target)
         partial.mkdir(parents=True, exist_ok=True)  # a checkpoint may hold no file
@@ -218,6 +226,7 @@ def fetch_files(
     stopping: Callable[[], bool],
     attempt: Callable[[Callable[[], object]], object],
     fetched: Callable[[int], None],
+    under_way: UnderWay,
 ) -> None:
     """Each of ``wanted`` fetched to its destination, many at once: a store far away makes each
     request wait on its round trip, so one after another they would take that many round
@@ -248,7 +257,8 @@ def fetch_files(
     def one(item: Wanted) -> None:
         check()
         info = item.expected
-        attempt(functools.partial(store.download, info.key, item.destination, info))
+        with under_way(item.destination, info.size):
+            attempt(functools.partial(store.download, info.key, item.destination, info))
         fetched(info.size)
 
     if store.batch_max_size() > 0:

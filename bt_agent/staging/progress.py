@@ -3,19 +3,26 @@ logs), or one line redrawn in place on a terminal."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TextIO
 
 from bt_agent.log import AgentLog
+from bt_agent.storage.base import partial_prefix
 
 INTERVAL_SECONDS = 5.0
 
 
 class Progress:
     """Counts bytes as they are added (:meth:`add`, from any thread) and, between ``with`` and
-    its end, reports them every ``interval`` seconds; ``clock`` is what rates are timed by."""
+    its end, reports them every ``interval`` seconds; ``clock`` is what rates are timed by.
+    Files being fetched (:meth:`fetching`) count by what their partial files hold, so that
+    one large file shows its progress as it comes, not only once it is whole."""
 
     def __init__(
         self,
@@ -33,6 +40,8 @@ class Progress:
         self.interval = interval
         self.clock = clock
         self.done = 0
+        self._fetching: dict[int, tuple[Path, int]] = {}  # files under way: path, size
+        self._tokens = itertools.count()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._started = clock()
@@ -57,14 +66,31 @@ class Progress:
         with self._lock:
             self.done += size
 
+    @contextlib.contextmanager
+    def fetching(self, destination: Path, size: int) -> Iterator[None]:
+        """While it lasts, ``destination`` (``size`` bytes) is being fetched through partial
+        files beside it: what they hold counts as done. The caller adds its size (:meth:`add`)
+        once the file is in place."""
+        with self._lock:
+            token = next(self._tokens)
+            self._fetching[token] = (destination, size)
+        try:
+            yield
+        finally:
+            with self._lock:
+                del self._fetching[token]
+
     def line(self) -> str:
+        with self._lock:
+            under_way = list(self._fetching.values())
+        done = self.done + sum(_written(path, size) for path, size in under_way)
         elapsed = max(self.clock() - self._started, 1e-6)
-        rate = self.done / elapsed
-        left = (self.total - self.done) / rate if rate > 0 else float("inf")
+        rate = done / elapsed
+        left = (self.total - done) / rate if rate > 0 else float("inf")
         eta = f"{left:,.0f} s" if left != float("inf") else "?"
-        percent = 100 * self.done / self.total if self.total else 100.0
+        percent = 100 * done / self.total if self.total else 100.0
         return (
-            f"{self.what}: {self.done / 1e6:,.1f} of {self.total / 1e6:,.1f} MB "
+            f"{self.what}: {done / 1e6:,.1f} of {self.total / 1e6:,.1f} MB "
             f"({percent:.0f}%), {rate / 1e6:,.1f} MB/s, ETA {eta}"
         )
 
@@ -77,3 +103,18 @@ class Progress:
                 self.stream.flush()
             else:
                 self.log.info(self.line())
+
+
+def _written(destination: Path, size: int) -> int:
+    """What this process's partial files of ``destination`` hold, at most ``size``: a file
+    made its full size before its ranges are written is sparse, so its blocks, not its size,
+    say how much has come."""
+    prefix = partial_prefix(destination)
+    held = 0
+    with contextlib.suppress(OSError), os.scandir(destination.parent) as entries:
+        for entry in entries:
+            if entry.name.startswith(prefix) and entry.name.endswith(".incomplete"):
+                with contextlib.suppress(OSError):
+                    found = entry.stat(follow_symlinks=False)
+                    held += min(found.st_blocks * 512, found.st_size)
+    return min(held, size)

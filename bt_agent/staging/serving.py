@@ -95,5 +95,7 @@ def download(
         manifest = resolve(catalog, item, None)
         target = folder / item.job_id / f"rank-{item.rank}" / manifest.checkpoint
         with Progress(f"checkpoints[{index}]", manifest.size, log, log.stream) as progress:
-            download_checkpoint(catalog, manifest, target, fetched=progress.add)
+            download_checkpoint(
+                catalog, manifest, target, fetched=progress.add, under_way=progress.fetching
+            )
         yield target

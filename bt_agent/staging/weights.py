@@ -326,7 +326,7 @@ class WeightsStager:
             self._check_stop()
             size = item.info.size
             _, hit = self.cache.ensure(
-                item.entry, size, lambda path: self._fill(plan, item, path, tally)
+                item.entry, size, lambda path: self._fill(plan, item, path, tally, progress)
             )
             tally.fetched(item, hit)
             progress.add(size)
@@ -384,17 +384,20 @@ class WeightsStager:
         if self.stopping():
             raise InterruptedError("stop requested")
 
-    def _fill(self, plan: SourcePlan, item: PlannedFile, path: Path, tally: _Tally) -> None:
+    def _fill(
+        self, plan: SourcePlan, item: PlannedFile, path: Path, tally: _Tally, progress: Progress
+    ) -> None:
         """A node cache miss: from the source, or through the cluster tier where there is one.
         There the entry's lock is held while one node fetches it; the others wait on it and
         copy what it placed, so a file is fetched once per cluster however many nodes start
         together."""
 
         def download(target: Path) -> None:
-            self.outage.call(
-                f"weights[{plan.index}]",
-                lambda: plan.store.download(item.info.key, target, item.info),
-            )
+            with progress.fetching(target, item.info.size):
+                self.outage.call(
+                    f"weights[{plan.index}]",
+                    lambda: plan.store.download(item.info.key, target, item.info),
+                )
 
         if self.cluster is None:
             download(path)

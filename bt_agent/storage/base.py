@@ -88,7 +88,12 @@ Page = list[ObjectInfo]  # one page of a listing
 
 def partial_path(destination: Path) -> Path:
     """A name beside ``destination``, unique to this process and call, for its partial file."""
-    return destination.with_name(f".{destination.name}.{os.getpid()}.{next(_partials)}.incomplete")
+    return destination.with_name(f"{partial_prefix(destination)}{next(_partials)}.incomplete")
+
+
+def partial_prefix(destination: Path) -> str:
+    """How the names of this process's partial files of ``destination`` begin."""
+    return f".{destination.name}.{os.getpid()}."
 
 
 def is_http_url(url: str) -> bool:
