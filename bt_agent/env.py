@@ -30,6 +30,7 @@ TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
 #: Seconds of the grace period kept back from torchrun's own worker shutdown timeout, so that
 #: torchrun is done before the agent's SIGKILL and the agent's shutdown steps still fit.
 TORCHRUN_SHUTDOWN_MARGIN = 3
+UNBUFFERED = "PYTHONUNBUFFERED"
 #: Inputs of the agent itself that the platform would not show the user's commands.
 PRIVATE_INPUTS = frozenset(
     {
@@ -173,6 +174,13 @@ def launcher_defaults(context: NodeContext, dirs: JobDirs) -> dict[str, str]:
     return values
 
 
+def output_defaults(inherited: Mapping[str, str]) -> dict[str, str]:
+    """``PYTHONUNBUFFERED=1`` unless the container sets it: the commands write into a pipe,
+    where Python holds a ``print`` back until 8 KiB have gathered (a training loop's lines for
+    an hour, or until it ends), as ``docker run`` without ``-t`` does."""
+    return {} if UNBUFFERED in inherited else {UNBUFFERED: "1"}
+
+
 def build(
     job: TrainingJob, context: NodeContext, secrets: Secrets, inherited: Mapping[str, str]
 ) -> ChildEnvironment:
@@ -185,7 +193,12 @@ def build(
             secret_keys.add(key)
         else:
             user[key] = value
-    layers = [launcher_defaults(context, dirs), user, platform_variables(job, context, dirs)]
+    layers = [
+        output_defaults(inherited),
+        launcher_defaults(context, dirs),
+        user,
+        platform_variables(job, context, dirs),
+    ]
     exported: dict[str, str] = {}
     for layer in layers:
         exported.update(layer)

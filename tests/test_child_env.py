@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
-from helpers import Agent, job_with
+import pytest
+from helpers import Agent, finish, job_with, wait_for
 
 from bt_agent.context import project_id
 
@@ -269,3 +272,34 @@ def test_names_the_shell_may_drop_are_warned_of(agent: Agent) -> None:
         assert all(f"warning: {field}the shell" in result.err for field in warned), result.err
         assert "environment_variables.OK" not in result.err
     assert json.loads(out.read_text())["OK"] == "x"
+
+
+def test_a_python_commands_prints_reach_the_output_as_they_come(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Into a pipe, Python holds a ``print`` back until 8 KiB gather: a training loop's lines
+    would show hours late, or when it ends. The command prints a line and waits for the test
+    to have seen it in the agent's output before it ends. (The container sets nothing here.)"""
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    go = agent.root / "go"
+    script = (
+        f"import os, time\nprint('step', 1, 'loss', 0.5)\ndeadline = time.time() + 60\n"
+        f"while not os.path.exists({str(go)!r}) and time.time() < deadline:\n"
+        "    time.sleep(0.05)\n"
+    )
+    process = agent.start(job_with(start_commands=[f"{sys.executable} -c {shlex.quote(script)}"]))
+    try:
+        wait_for(lambda: "step 1 loss 0.5" in agent.output(), 20, "the print, before the end")
+    finally:
+        go.touch()
+    assert finish(process, 60, agent) == 0, agent.output()
+
+
+def test_python_buffering_is_the_containers_or_the_specs_where_they_set_it(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    assert _child_env(agent)["PYTHONUNBUFFERED"] == "1"
+    assert _child_env(agent, env={"PYTHONUNBUFFERED": ""})["PYTHONUNBUFFERED"] == ""
+    spec = {"PYTHONUNBUFFERED": ""}
+    assert _child_env(agent, environment_variables=spec)["PYTHONUNBUFFERED"] == ""
