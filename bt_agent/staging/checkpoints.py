@@ -12,11 +12,9 @@ nodes, else rank 0, and says which.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import shutil
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,15 +25,14 @@ from bt_agent.log import AgentLog, counted, format_bytes
 from bt_agent.records import Manifest, latest_manifest, natural_key
 from bt_agent.settings import DEFAULT_OUTAGE_SECONDS
 from bt_agent.spec.models import CheckpointReference, LatestCheckpoint, NamedCheckpoint
-from bt_agent.staging.parallel import each
 from bt_agent.staging.progress import Progress
-from bt_agent.storage import ObjectInfo, ObjectStore
+from bt_agent.staging.weights import FETCH_WORKERS
+from bt_agent.storage import ObjectInfo
 from bt_agent.storage.base import Wanted
 from bt_agent.storage.retry import OutageWait
+from bt_agent.storage.transfer import UnderWay, download_all
 
 JOBS_NAMED = 20  # the newest jobs an error names
-#: Holds while a file is fetched to a path, of a size (:meth:`Progress.fetching`).
-UnderWay = Callable[[Path, int], AbstractContextManager[object]]
 
 
 @dataclass(frozen=True)
@@ -195,7 +192,7 @@ def download_checkpoint(
 ) -> None:
     """Every file of a committed checkpoint into ``target``, each verified against the
     manifest's size and sha256; the directory appears, complete, only at the end. Each file's
-    download (:func:`fetch_files`) is made through ``attempt`` (which may retry it);
+    download (:func:`download_all`) is made through ``attempt`` (which may retry it);
     ``fetched(size)`` is told of each file once it is in place, from any thread, and
     ``under_way(path, size)`` (:meth:`Progress.fetching`) holds while a file is fetched one by
     one."""
@@ -211,59 +208,21 @@ def download_checkpoint(
         for entry in m.files
     ]
     try:
-        fetch_files(catalog.store, wanted, stopping, attempt, fetched, under_way)
+        download_all(
+            catalog.store,
+            wanted,
+            FETCH_WORKERS,
+            stopping=stopping,
+            attempt=attempt,
+            fetched=fetched,
+            under_way=under_way,
+        )
         if target.exists():
             shutil.rmtree(target)
         partial.mkdir(parents=True, exist_ok=True)  # a checkpoint may hold no file
         os.replace(partial, target)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-
-
-def fetch_files(
-    store: ObjectStore,
-    wanted: list[Wanted],
-    stopping: Callable[[], bool],
-    attempt: Callable[[Callable[[], object]], object],
-    fetched: Callable[[int], None],
-    under_way: UnderWay,
-) -> None:
-    """Each of ``wanted`` fetched to its destination, many at once: a store far away makes each
-    request wait on its round trip, so one after another they would take that many round
-    trips. The small ones go in one batch where the store has a batch path; the others, and
-    any the batch could not place, a thread each (a few at once: :mod:`parallel`; a large one
-    in parallel ranges of its own), each through ``attempt``. A stop requested ends it before
-    the next file (:class:`InterruptedError`)."""
-    for parent in {item.destination.parent for item in wanted}:
-        parent.mkdir(parents=True, exist_ok=True)
-    small = iter([item for item in wanted if store.in_batches(item.expected.size)])
-    rest = [item for item in wanted if not store.in_batches(item.expected.size)]
-
-    def check() -> None:
-        if stopping():
-            raise InterruptedError("stop requested")
-
-    def taken() -> Iterator[Wanted]:
-        for item in small:
-            check()
-            yield item
-
-    def placed(item: Wanted, error: Exception | None) -> None:
-        if error is None:
-            fetched(item.expected.size)
-        else:
-            rest.append(item)  # fetched again below, retried, and its error raised there
-
-    def one(item: Wanted) -> None:
-        check()
-        info = item.expected
-        with under_way(item.destination, info.size):
-            attempt(functools.partial(store.download, info.key, item.destination, info))
-        fetched(info.size)
-
-    if store.batch_max_size() > 0:
-        store.download_batch(taken(), placed)
-    each(one, rest + list(small), "bt-load")
 
 
 def job_project(catalog: Catalog, job_id: str) -> str:

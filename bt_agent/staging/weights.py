@@ -31,7 +31,6 @@ from bt_agent.settings import (
 )
 from bt_agent.spec.models import TrainingJob, WeightsSource
 from bt_agent.staging.cache import ENTRY_MODE, Claim, NodeCache, copy_atomic, entry_id
-from bt_agent.staging.parallel import each
 from bt_agent.staging.patterns import selected
 from bt_agent.staging.progress import Progress
 from bt_agent.storage import ObjectInfo, ObjectStore, open_store
@@ -39,6 +38,9 @@ from bt_agent.storage.base import Wanted
 from bt_agent.storage.hf import HFStore
 from bt_agent.storage.keys import check_key
 from bt_agent.storage.retry import OutageWait
+from bt_agent.storage.transfer import each
+
+FETCH_WORKERS = 8
 
 
 @dataclass(frozen=True)
@@ -331,7 +333,7 @@ class WeightsStager:
             tally.fetched(item, hit)
             progress.add(size)
 
-        each(one, items, "bt-stage")
+        each(one, items, FETCH_WORKERS, "bt-stage")
 
     def _fetch_batch(
         self, plan: SourcePlan, misses: list[PlannedFile], progress: Progress, tally: _Tally

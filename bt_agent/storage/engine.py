@@ -48,7 +48,7 @@ from bt_agent.storage.base import (
     speaks_no_tls,
     untrusted_certificate,
 )
-from bt_agent.storage.flight import DaemonPool, InFlight, Pace
+from bt_agent.storage.flight import DaemonPool, InFlight, Pace, wait_all
 from bt_agent.storage.keys import join_key, relative_key
 
 if TYPE_CHECKING:
@@ -514,15 +514,7 @@ class EngineStore(ObjectStore):
                 )
                 for start in range(0, size, part)
             ]
-            try:
-                for future in futures:
-                    future.result()
-            finally:
-                for future in futures:
-                    future.cancel()
-                for future in futures:
-                    if not future.cancelled():
-                        future.exception()
+            wait_all(futures)
         finally:
             os.close(fd)
         return Fetched(info.sha256, None, info.version)

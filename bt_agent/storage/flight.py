@@ -9,7 +9,7 @@ import functools
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
 
@@ -19,6 +19,21 @@ A = TypeVar("A")  # what they are called with
 #: The calls an :class:`InFlight` holds at most (queued, in flight, ended and not yet taken
 #: back), in multiples of those its pace allows at once.
 LOOKAHEAD = 2
+
+
+def wait_all(futures: Sequence[Future[Any]]) -> None:
+    """Each of ``futures`` waited for in turn. After a failure those not started are cancelled,
+    and the first error is raised once none is running (none may still write to what the
+    caller goes on to close or remove)."""
+    try:
+        for future in futures:
+            future.result()
+    finally:
+        for future in futures:
+            future.cancel()
+        for future in futures:
+            if not future.cancelled():
+                future.exception()
 
 
 class InFlight(Generic[R]):

@@ -1,6 +1,7 @@
-"""Whole trees between a local directory and a store, the way the agent moves its own files:
+"""Many files between a local directory and a store, the way the agent moves its own files:
 small files through the store's batch paths where it has them (as staging and the checkpoint
-sidecar do), the others with a fixed pool of workers, one file each.
+sidecar do), the others with a fixed pool of workers, one file each: a store far away makes
+each request wait on its round trip, so one after another they would take that many.
 
 Large files are split into parts by the backend, which bounds its parts in flight; so memory
 stays bounded whatever the tree's size. A small file the batch could not move is moved again
@@ -9,14 +10,33 @@ one by one, with the retries of :meth:`ObjectStore.download` and :meth:`ObjectSt
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import TypeVar
 
 from bt_agent.storage.base import ObjectInfo, ObjectStore, Upload, UploadResult, Wanted
+from bt_agent.storage.flight import wait_all
 from bt_agent.storage.keys import join_key, local_path, relative_key
 
+T = TypeVar("T")
 DEFAULT_WORKERS = 16
+#: Holds while a file is fetched to a path, of a size (a progress report's).
+UnderWay = Callable[[Path, int], AbstractContextManager[object]]
+
+
+def each(call: Callable[[T], object], items: Sequence[T], workers: int, name: str) -> None:
+    """``call`` on every one of ``items``, ``workers`` at once on threads called ``name``.
+    After a failure no call starts; the first error is raised once the calls under way have
+    ended (none is left writing a file the caller goes on to remove)."""
+    if not items:
+        return
+    with ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix=name) as pool:
+        wait_all([pool.submit(call, item) for item in items])
 
 
 def local_files(directory: Path) -> list[Path]:
@@ -48,10 +68,11 @@ def upload_tree(
                 done[upload.key] = UploadResult(upload.key, sizes[upload.key], outcome)
 
         store.upload_stream(lambda: next(handed, None), stored)
-    rest = [key for key in files if key not in done]
-    with ThreadPoolExecutor(workers, thread_name_prefix="bt-upload") as pool:
-        for result in pool.map(lambda key: store.upload_file(files[key], key), rest):
-            done[result.key] = result
+
+    def one(key: str) -> None:
+        done[key] = store.upload_file(files[key], key)
+
+    each(one, [key for key in files if key not in done], workers, "bt-upload")
     return [done[key] for key in files]
 
 
@@ -64,22 +85,58 @@ def download_tree(
 ) -> list[Path]:
     """Every object under ``prefix`` into ``directory``, keeping the relative layout."""
     listed = store.list(prefix) if objects is None else objects
-    targets = {
-        info.key: local_path(directory, relative_key(prefix, info.key) if prefix else info.key)
+    wanted = [
+        Wanted(local_path(directory, relative_key(prefix, info.key) if prefix else info.key), info)
         for info in listed
-    }
-    for parent in {target.parent for target in targets.values()}:
+    ]
+    download_all(store, wanted, workers)
+    return [item.destination for item in wanted]
+
+
+def download_all(
+    store: ObjectStore,
+    wanted: list[Wanted],
+    workers: int = DEFAULT_WORKERS,
+    *,
+    stopping: Callable[[], bool] = lambda: False,
+    attempt: Callable[[Callable[[], object]], object] = lambda call: call(),
+    fetched: Callable[[int], None] = lambda size: None,
+    under_way: UnderWay = lambda path, size: contextlib.nullcontext(),
+) -> None:
+    """Each of ``wanted`` to its destination, verified as :meth:`ObjectStore.download` does:
+    the small ones in one batch where the store has a batch path; the others, and any the
+    batch could not place, a thread each (a large one in parallel ranges of its own), each
+    through ``attempt`` (which may retry it) and inside ``under_way(path, size)``.
+    ``fetched(size)`` is told of each once it is in place, from any thread. A stop requested
+    (``stopping()``) ends it before the next file (:class:`InterruptedError`)."""
+    for parent in {item.destination.parent for item in wanted}:
         parent.mkdir(parents=True, exist_ok=True)
-    placed: set[str] = set()
-    small = [Wanted(targets[info.key], info) for info in listed if store.in_batches(info.size)]
-    if small:
+    batched = [item for item in wanted if store.in_batches(item.expected.size)]
+    rest = [item for item in wanted if not store.in_batches(item.expected.size)]
+    small = iter(batched)
 
-        def finished(wanted: Wanted, error: Exception | None) -> None:
-            if error is None:
-                placed.add(wanted.expected.key)
+    def check() -> None:
+        if stopping():
+            raise InterruptedError("stop requested")
 
-        store.download_batch(iter(small), finished)
-    rest = [info for info in listed if info.key not in placed]
-    with ThreadPoolExecutor(workers, thread_name_prefix="bt-download") as pool:
-        list(pool.map(lambda info: store.download(info.key, targets[info.key], info), rest))
-    return [targets[info.key] for info in listed]
+    def taken() -> Iterator[Wanted]:
+        for item in small:
+            check()
+            yield item
+
+    def placed(item: Wanted, error: Exception | None) -> None:
+        if error is None:
+            fetched(item.expected.size)
+        else:
+            rest.append(item)  # fetched again below, retried, and its error raised there
+
+    def one(item: Wanted) -> None:
+        check()
+        info = item.expected
+        with under_way(item.destination, info.size):
+            attempt(functools.partial(store.download, info.key, item.destination, info))
+        fetched(info.size)
+
+    if batched:
+        store.download_batch(taken(), placed)
+    each(one, rest + list(small), workers, "bt-download")
