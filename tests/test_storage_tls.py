@@ -624,3 +624,15 @@ def test_https_to_a_server_of_plain_http_is_a_clear_error_at_once(
     assert f"{endpoint} does not speak TLS (its answer is no TLS record: " in message, message
     plain_url = endpoint.replace("https://", "http://")
     assert message.endswith(f"if it serves plain HTTP, write it as {plain_url}"), message
+
+
+def test_http_to_a_server_of_tls_says_to_write_https(s3_server: servers.SeaweedFS) -> None:
+    """The other way round: an endpoint written with ``http://`` whose server takes TLS only
+    answers 400 in its own words (Go's: "Client sent an HTTP request to an HTTPS server"); the
+    error says which URL to write."""
+    plain = f"http://localhost:{s3_server.https_port}"  # its port of TLS
+    environ = Environ({"AWS_ENDPOINT_URL": plain})
+    with open_store(f"s3://{_bucket(s3_server)}/x", environ, SECRET, "creds") as store:
+        message = str(_refused(store, store.list))
+    assert f"{plain} speaks TLS only (its answer: Client sent an HTTP request to" in message
+    assert message.endswith(f"write it as https://localhost:{s3_server.https_port}"), message

@@ -135,6 +135,13 @@ def speaks_no_tls(where: str, reason: str) -> str:
     return f"{where} does not speak TLS (its answer is no TLS record: {reason}){plain}"
 
 
+def speaks_tls(where: str, reason: str) -> str:
+    """What to do where ``where``, written with ``http://``, answered that it takes TLS only
+    (``reason``, its words: a Go server's, nginx's)."""
+    secure = f"; write it as https://{where[7:]}" if where.startswith("http://") else ""
+    return f"{where} speaks TLS only (its answer: {reason}){secure}"
+
+
 class HashingReader:
     """Wraps a file: every byte read passes through sha256 once."""
 

@@ -46,6 +46,7 @@ from bt_agent.storage.base import (
     Wanted,
     is_http_url,
     speaks_no_tls,
+    speaks_tls,
     untrusted_certificate,
 )
 from bt_agent.storage.flight import DaemonPool, InFlight, Pace, wait_all
@@ -73,6 +74,11 @@ _CORRUPT = re.compile(
 _CERTIFICATE = re.compile(r"certificate|UnknownIssuer|CertNotValid|NotValidForName", re.I)
 #: rustls' word for a first answer that is no TLS record (a server of plain HTTP, most often).
 _NOT_TLS = re.compile(r"InvalidMessage\(\s*InvalidContentType")
+#: A server of TLS answering a request of plain HTTP (Go's net/http; nginx).
+_TLS_ONLY = re.compile(
+    r"(?:Client sent an )?HTTP request to an HTTPS server"
+    r"|(?:The )?plain HTTP request was sent to HTTPS port"
+)
 _STATUS = re.compile(r"status code: (\d{3})")
 #: Why a connection failed, in the words of the system or the resolver, as the engine's report
 #: quotes them (its first line only says "error sending request").
@@ -361,6 +367,8 @@ class EngineStore(ObjectStore):
             return StoreError(f"{uri}: {self._untrusted(where, _tls_reason(text))}", uri)
         if _NOT_TLS.search(text):
             return StoreError(f"{uri}: {speaks_no_tls(where, 'invalid content type')}", uri)
+        if self.plain_http and (asked := _TLS_ONLY.search(text)):
+            return StoreError(f"{uri}: {speaks_tls(where, asked.group(0))}", uri)
         if code.startswith("5") or code == "429" or _RETRYABLE.search(text):
             return TransientStoreError(f"{uri}: {code or 'retryable'}: {detail}", uri)
         if not code:  # no answer at all: connection refused, reset, timed out, no such host
