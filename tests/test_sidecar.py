@@ -595,6 +595,30 @@ def test_sigterm_during_the_drain_ends_within_the_grace_period(
     assert record["uploads"]["not_durable"] == ["checkpoint-1/model.bin"]
 
 
+def test_uploads_left_when_the_commands_end_are_said(
+    agent: Agent, own_s3: servers.SeaweedFS
+) -> None:
+    """The commands end while a checkpoint's upload is held up (held 5 s on the way): the
+    agent says what it still uploads and for how long at most, rather than sitting
+    silent after the job's last line, then commits it."""
+    proxy = FaultProxy(own_s3.port, delay=5, delay_only="/checkpoint-1/model.bin")
+    env = {**own_s3.client_env(), "AWS_ENDPOINT_URL": proxy.endpoint, **FAST}
+    command = (
+        "mkdir -p $BT_CHECKPOINT_DIR/checkpoint-1 && "
+        "head -c 3000000 /dev/urandom > $BT_CHECKPOINT_DIR/checkpoint-1/model.bin && sleep 2.5"
+    )
+    try:
+        result = agent.run_job(
+            ckpt_job(command), "--job-id", "left001", "--store", "s3://store/bt", env=env
+        )
+    finally:
+        proxy.close()
+    assert result.code == 0, result.text
+    said = "checkpoints: 1 file (3.0 MB) still to upload; the job ends once they are durable"
+    assert said in result.err, result.err
+    assert result.err.index(said) < result.err.index("checkpoint checkpoint-1 committed")
+
+
 def test_a_sidecar_stuck_on_a_dead_store_at_the_deadline_reports_by_its_journal(
     agent: Agent, own_s3: servers.SeaweedFS
 ) -> None:
