@@ -26,11 +26,10 @@ from bt_agent.records import Manifest, latest_manifest, natural_key
 from bt_agent.settings import DEFAULT_OUTAGE_SECONDS
 from bt_agent.spec.models import CheckpointReference, LatestCheckpoint, NamedCheckpoint
 from bt_agent.staging.progress import Progress
-from bt_agent.staging.weights import FETCH_WORKERS
 from bt_agent.storage import ObjectInfo
 from bt_agent.storage.base import Wanted
 from bt_agent.storage.retry import OutageWait
-from bt_agent.storage.transfer import UnderWay, download_all
+from bt_agent.storage.transfer import FETCH_WORKERS, UnderWay, download_all
 
 JOBS_NAMED = 20  # the newest jobs an error names
 

@@ -38,9 +38,7 @@ from bt_agent.storage.base import Wanted
 from bt_agent.storage.hf import HFStore
 from bt_agent.storage.keys import check_key
 from bt_agent.storage.retry import OutageWait
-from bt_agent.storage.transfer import each
-
-FETCH_WORKERS = 8
+from bt_agent.storage.transfer import FETCH_WORKERS, each
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ from bt_agent.storage.keys import join_key, local_path, relative_key
 
 T = TypeVar("T")
 DEFAULT_WORKERS = 16
+#: Files staging fetches at once, a thread each (a large one in parallel ranges of its own).
+FETCH_WORKERS = 8
 #: Holds while a file is fetched to a path, of a size (a progress report's).
 UnderWay = Callable[[Path, int], AbstractContextManager[object]]
 
