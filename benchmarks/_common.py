@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 RESULTS = Path(__file__).resolve().parent / "results"
 AGENT = Path(__file__).resolve().parents[1] / "bt_agent"
@@ -138,3 +139,22 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
     }
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path
+
+
+def s5cmd_copy(endpoint: str, env: dict[str, str], url: str, target: Path) -> float:
+    """Seconds ``s5cmd cp`` takes to copy every object under ``url`` into ``target``."""
+    start = time.perf_counter()
+    subprocess.run(
+        ["s5cmd", "--endpoint-url", endpoint, "cp", f"{url}/*", f"{target}/"],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    return time.perf_counter() - start
+
+
+def via(endpoint: str, port: int) -> str:
+    """``endpoint`` with its port replaced: the same host name (the one its certificate is
+    for), reached through another port (a far link's)."""
+    parts = urlsplit(endpoint)
+    return parts._replace(netloc=f"{parts.hostname}:{port}").geturl()

@@ -30,13 +30,19 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
-from urllib.parse import urlsplit
 
-from _common import STORE_HTTP2_HELP, compile_agent, evict, table, write_json
+from _common import (
+    STORE_HTTP2_HELP,
+    compile_agent,
+    evict,
+    s5cmd_copy,
+    table,
+    via,
+    write_json,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -104,17 +110,6 @@ def _stage(spec: Path, node_root: Path, env: dict[str, str]) -> Staged:
     return Staged(float(said["seconds"]), float(said["peak_rss_mib"]))
 
 
-def _s5cmd(endpoint: str, env: dict[str, str], url: str, target: Path) -> float:
-    start = time.perf_counter()
-    subprocess.run(
-        ["s5cmd", "--endpoint-url", endpoint, "cp", f"{url}/*", f"{target}/"],
-        env=env,
-        check=True,
-        capture_output=True,
-    )
-    return time.perf_counter() - start
-
-
 #: What one shape's cold rounds measured: ``s5cmd``'s seconds and the agent's runs.
 Cold = tuple[list[float], list[Staged]]
 
@@ -135,7 +130,7 @@ def _cold_rounds(work: Path, spec: Path, url: str, env: dict[str, str], run: str
             env["BT_NODE_CACHE_DIR"] = str(work / f"cache-{label}")
             os.sync()  # no run pays for the writeback of what ran before it
             if who == "s5cmd":
-                peers.append(_s5cmd(endpoint, env, url, output))
+                peers.append(s5cmd_copy(endpoint, env, url, output))
             else:
                 colds.append(_stage(spec, work / f"cold-{label}", env))
             evict(output)
@@ -170,13 +165,6 @@ def _clear(paths: Iterable[Path]) -> None:
     for path in paths:
         shutil.rmtree(path, ignore_errors=True)
     os.sync()
-
-
-def _via(endpoint: str, port: int) -> str:
-    """``endpoint`` with its port replaced: the same host name (the one its certificate is
-    for), reached through the far link."""
-    parts = urlsplit(endpoint)
-    return parts._replace(netloc=f"{parts.hostname}:{port}").geturl()
 
 
 def main() -> int:
@@ -246,7 +234,7 @@ def main() -> int:
                 rows.append(_row(shape, size, peers, colds, warms))
                 _clear(work.glob(f"*-{index}-*"))  # outputs and caches: room for the far runs
                 if far is not None and shape != small:
-                    through = {**env, "AWS_ENDPOINT_URL": _via(endpoint, far.port)}
+                    through = {**env, "AWS_ENDPOINT_URL": via(endpoint, far.port)}
                     cold = _cold_rounds(work, spec, url, through, f"{index}-far")
                     rows.append(_row(f"{shape}, far", size, *cold))
                     _clear(work.glob(f"*-{index}-*"))
