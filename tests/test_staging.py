@@ -321,7 +321,7 @@ def test_two_agents_staging_one_source_fetch_each_file_once(
         args = ["--node-root", str(agent.root / node), "--secrets-dir", str(agent.secrets_dir)]
         result = agent("stage", str(spec), *args, env=env)
         assert result.code == 0, result.text
-        fetched = re.search(r"fetched [\d.,]+ MB \((\d+) files", result.err)
+        fetched = re.search(r"fetched [\d.,]+ [KMGT]?B \((\d+) files?", result.err)
         return (int(fetched.group(1)) if fetched else 0), result.err
 
     with ThreadPoolExecutor(2) as pool:

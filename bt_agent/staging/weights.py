@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bt_agent.context import NodeContext
 from bt_agent.errors import StagingError, StoreError, TransientStoreError, UsageError
-from bt_agent.log import AgentLog
+from bt_agent.log import AgentLog, counted, format_bytes
 from bt_agent.secrets import Secrets
 from bt_agent.settings import (
     CLUSTER_CACHE_DIR_VARIABLE,
@@ -71,12 +71,12 @@ class _Tally:
             self.from_cluster += 1
 
     def summary(self) -> str:
-        notes = [f"{self.files} files"]
+        notes = [counted(self.files, "file")]
         if self.from_cluster:
             notes.append(f"{self.from_cluster} from the cluster cache")
         if self.by_others:
             notes.append(f"{self.by_others} fetched by another agent meanwhile")
-        return f"{_mb(self.size)} ({', '.join(notes)})"
+        return f"{format_bytes(self.size)} ({', '.join(notes)})"
 
 
 @dataclass(frozen=True)
@@ -148,10 +148,6 @@ def _nothing_selected(plan: SourcePlan) -> str:
     )
 
 
-def _mb(size: int) -> str:
-    return f"{size / 1e6:,.1f} MB"
-
-
 def stage_job_weights(
     job: TrainingJob,
     context: NodeContext,
@@ -172,7 +168,7 @@ def stage_job_weights(
     if context.cache_budget is not None:
         removed = cache.evict(context.cache_budget)
         if removed:
-            freed = _mb(sum(e.size for e in removed))
+            freed = format_bytes(sum(e.size for e in removed))
             log.info(f"node cache: evicted {len(removed)} least recently used entries ({freed})")
     return plans
 
@@ -264,10 +260,11 @@ class WeightsStager:
     def _say_plan(self, plan: SourcePlan) -> list[PlannedFile]:
         """Log what the plan holds and what the node cache lacks; return the latter."""
         misses = [f for f in plan.files if not self.cache.has(f.entry, f.info.size)]
+        held = f"{counted(len(plan.files), 'file')}, {format_bytes(plan.size)}"
         self.log.info(
-            f"weights[{plan.index}] {plan.pinned}: {len(plan.files)} files, {_mb(plan.size)}; "
+            f"weights[{plan.index}] {plan.pinned}: {held}; "
             f"{len(plan.files) - len(misses)} in the node cache, {len(misses)} to fetch "
-            f"({_mb(sum(f.info.size for f in misses))}) -> {plan.weights.mount_location}"
+            f"({format_bytes(sum(f.info.size for f in misses))}) -> {plan.weights.mount_location}"
         )
         return misses
 
@@ -282,8 +279,9 @@ class WeightsStager:
                 plan,
                 plan.weights,
                 OSError(
-                    f"not enough disk space in the node cache {self.cache.root}: need {_mb(need)}, "
-                    f"{_mb(free)} free; free space or lower BT_NODE_CACHE_MAX_BYTES"
+                    f"not enough disk space in the node cache {self.cache.root}: need "
+                    f"{format_bytes(need)}, {format_bytes(free)} free; free space or lower "
+                    "BT_NODE_CACHE_MAX_BYTES"
                 ),
             )
         started = time.monotonic()
