@@ -163,16 +163,15 @@ class CheckpointLoader:
         target = self.load_dir / f"rank-{self.context.node_rank}" / item.manifest.checkpoint
         label = f"checkpoints[{item.index}]"
         try:
-            with Progress(label, item.manifest.size, self.log, self.log.stream) as progress:
-                download_checkpoint(
-                    self.catalog,
-                    item.manifest,
-                    target,
-                    self.stopping,
-                    lambda call: self.outage.call(label, call),
-                    progress.add,
-                    progress.fetching,
-                )
+            download_reporting(
+                self.catalog,
+                item.manifest,
+                target,
+                label,
+                self.log,
+                self.stopping,
+                lambda call: self.outage.call(label, call),
+            )
         except StoreError as exc:
             raise StagingError(f"checkpoints[{item.index}] {item.label}: {exc}") from exc
         m = item.manifest
@@ -222,6 +221,23 @@ def download_checkpoint(
         os.replace(partial, target)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
+
+
+def download_reporting(
+    catalog: Catalog,
+    manifest: Manifest,
+    target: Path,
+    label: str,
+    log: AgentLog,
+    stopping: Callable[[], bool] = lambda: False,
+    attempt: Callable[[Callable[[], object]], object] = lambda call: call(),
+) -> None:
+    """:func:`download_checkpoint`, with progress lines called ``label`` on ``log`` while it
+    goes."""
+    with Progress(label, manifest.size, log, log.stream) as progress:
+        download_checkpoint(
+            catalog, manifest, target, stopping, attempt, progress.add, progress.fetching
+        )
 
 
 def job_project(catalog: Catalog, job_id: str) -> str:

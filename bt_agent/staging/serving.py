@@ -15,8 +15,7 @@ from bt_agent.catalog import Catalog
 from bt_agent.errors import Problem, SpecError
 from bt_agent.log import AgentLog
 from bt_agent.spec.bt_uri import BadCheckpointURI, CheckpointURI, parse_checkpoint_uri
-from bt_agent.staging.checkpoints import download_checkpoint
-from bt_agent.staging.progress import Progress
+from bt_agent.staging.checkpoints import download_reporting
 from bt_agent.staging.trained import resolve
 
 DEFAULT_SERVING_FOLDER = "/tmp/training_checkpoints"
@@ -94,8 +93,5 @@ def download(
     for index, item in enumerate(checkpoints.checkpoints):
         manifest = resolve(catalog, item, None)
         target = folder / item.job_id / f"rank-{item.rank}" / manifest.checkpoint
-        with Progress(f"checkpoints[{index}]", manifest.size, log, log.stream) as progress:
-            download_checkpoint(
-                catalog, manifest, target, fetched=progress.add, under_way=progress.fetching
-            )
+        download_reporting(catalog, manifest, target, f"checkpoints[{index}]", log)
         yield target
