@@ -69,6 +69,12 @@ def format_bytes(size: float) -> str:
     return f"{size:,.1f} {unit}"
 
 
+def shown(name: str) -> str:
+    """A file's ``name`` as a log line can show it: as it is, or quoted with its control
+    characters escaped (``'nl\\nx.bin'``) where it holds any, which would break the line."""
+    return repr(name) if any(ord(c) < 32 or ord(c) == 127 for c in name) else name
+
+
 def counted(count: int, noun: str, plural: str = "s") -> str:
     """``1 file``, ``3 files``; ``counted(2, "process", "es")`` is ``2 processes``."""
     return f"{count} {noun}{plural * (count != 1)}"

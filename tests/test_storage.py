@@ -31,6 +31,7 @@ from bt_agent.errors import (
     ChangedError,
     IntegrityError,
     KeyConflictError,
+    KeyRefusedError,
     NotFoundError,
     StoreError,
     TransientStoreError,
@@ -39,7 +40,7 @@ from bt_agent.errors import (
 from bt_agent.settings import Environ
 from bt_agent.storage import ObjectStore, open_store
 from bt_agent.storage.azure import AzureStore
-from bt_agent.storage.base import ObjectInfo, Upload, Wanted
+from bt_agent.storage.base import ObjectInfo, Upload, Wanted, files_only
 from bt_agent.storage.engine import Proxies, Tuning
 from bt_agent.storage.file import SYNCFS_MIN_FILES, syncfs
 from bt_agent.storage.flight import DaemonPool
@@ -553,6 +554,90 @@ def test_keys_with_characters_that_need_encoding(backend: Backend, tmp_path: Pat
         assert store.stat(key).size == len(key.encode())
         assert store.download(key, tmp_path / "out.bin").read_bytes() == key.encode()
         assert store.read_range(key, 1, 2) == key.encode()[1:3]
+
+
+def _put_behind_the_store(
+    request: pytest.FixtureRequest, store: ObjectStore, keys: list[str]
+) -> None:
+    """Empty objects under ``keys`` (of the bucket, not the store), put by another client: an
+    S3 console's "create folder" (``data/sub/``), or, on Azure, a blob named for the folder,
+    as a hierarchical namespace lists its directories."""
+    if isinstance(store, S3Store):
+        server: servers.SeaweedFS = request.getfixturevalue("s3_server")
+        for key in keys:
+            server.client().put_object(Bucket=store.bucket, Key=key, Body=b"")
+    else:
+        import obstore
+
+        assert isinstance(store, AzureStore)
+        for key in keys:
+            obstore.put(store.engine, key.rstrip("/"), b"")
+
+
+@pytest.mark.parametrize("backend", ["s3", "s3-tls", "azure"], indirect=True)
+def test_folders_placeholders_are_no_files(
+    backend: Backend, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The empty object a console leaves for a folder is listed by the engine under the
+    folder's name, beside what the folder holds: it is no file (a file and a folder of one name
+    cannot both be placed). One for a folder that holds nothing cannot be fetched under the
+    name listed: it is placed as the empty file it is listed as, without a request."""
+    store = backend.seeded({"sub/x.bin": b"x", "y.bin": b"y"})
+    _put_behind_the_store(request, store, ["data/", "data/sub/", "data/empty/"])
+    assert [(info.key, info.size) for info in store.list()] == [
+        ("empty", 0),
+        ("sub/x.bin", 1),
+        ("y.bin", 1),
+    ]
+    placed = download_tree(store, "", tmp_path / "out")
+    assert {
+        path.relative_to(tmp_path / "out").as_posix(): path.read_bytes() for path in placed
+    } == {
+        "empty": b"",
+        "sub/x.bin": b"x",
+        "y.bin": b"y",
+    }
+
+
+def test_a_listing_leaves_out_folders_placeholders_of_every_form() -> None:
+    """``name/`` as google-cloud-storage lists it, ``name`` beside ``name/...`` as obstore
+    does, the listing's own folder (an empty key); an empty ``name`` nothing is under, and one
+    of some bytes, stay."""
+    listed = [
+        ObjectInfo(key, size)
+        for key, size in [
+            ("", 0),
+            ("a/", 0),
+            ("a/b/", 0),
+            ("a/b/c", 1),
+            ("d", 0),
+            ("d/e", 1),
+            ("d.txt", 0),
+            ("f", 0),
+            ("g/", 3),
+        ]
+    ]
+    assert [info.key for info in files_only(listed)] == ["a/b/c", "d/e", "d.txt", "f", "g/"]
+
+
+@pytest.mark.parametrize("backend", ["s3", "azure"], indirect=True)
+def test_a_name_the_engine_cannot_take_is_refused_at_once(
+    backend: Backend, s3_server: servers.SeaweedFS
+) -> None:
+    """A control character in a key: the engine cannot send it, so writing it is refused (no
+    retry can help) and a listing that meets one made by another client says which it is, at
+    once: neither is an outage to wait out."""
+    store = backend.make()
+    with pytest.raises(KeyRefusedError, match=r"control character \('\\t'\), which no name in"):
+        store.write_bytes("tab\tx.bin", b"x")
+    if isinstance(store, S3Store):
+        s3_server.client().put_object(Bucket=store.bucket, Key="data/line\nx.bin", Body=b"x")
+        started = time.monotonic()
+        with pytest.raises(StoreError) as caught:
+            store.list()
+        assert not isinstance(caught.value, TransientStoreError)
+        assert "cannot read the name of the object 'data/line\\nx.bin'" in str(caught.value)
+        assert time.monotonic() - started < 5, "refused at once, not retried"
 
 
 @pytest.mark.parametrize("backend", ["s3", "r2"], indirect=True)

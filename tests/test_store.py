@@ -31,11 +31,18 @@ def test_if_absent_keeps_the_first(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["k"], "no temporary file left behind"
 
 
-@pytest.mark.parametrize("key", ["../x", "/etc/passwd", "a/../../x", "a//b", "a/\0b", ""])
+@pytest.mark.parametrize("key", ["../x", "/etc/passwd", "a/../../x", "a/\0b", ""])
 def test_keys_that_escape_are_refused(tmp_path: Path, key: str) -> None:
     with pytest.raises(UnsafeKeyError, match="escape"):
         FileStore(tmp_path / "s").write_bytes(key, b"x")
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("key", ["a//b", "a/./b", "a/"])
+def test_keys_no_file_path_keeps_are_refused_saying_why(tmp_path: Path, key: str) -> None:
+    with pytest.raises(UnsafeKeyError, match=r"an empty or '\.' segment"):
+        FileStore(tmp_path / "s").write_bytes(key, b"x")
+    assert not (tmp_path / "s").exists() or not any((tmp_path / "s").rglob("*"))
 
 
 def test_missing_object(tmp_path: Path) -> None:

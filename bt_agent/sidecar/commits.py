@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from bt_agent.catalog import Catalog
 from bt_agent.errors import BtAgentError
-from bt_agent.log import AgentLog, counted, format_bytes
+from bt_agent.log import AgentLog, counted, format_bytes, shown
 from bt_agent.records import Manifest, ManifestFile, now_iso
 from bt_agent.sidecar.files import (
     Candidate,
@@ -139,7 +139,7 @@ class Committer:
             refused = self.state.refused_as(relative, found.sig)
             if refused is not None:
                 what = within_checkpoint(relative)
-                checkpoint.blocked = f"the store refused {what}: {refused}"
+                checkpoint.blocked = f"the store refused {shown(what)}: {refused}"
                 checkpoint.retry_at = now + BLOCKED_RECHECK_SECONDS
                 return
             sha256 = self.state.durable_as(relative, found.sig)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bt_agent.log import shown
+
 SHOWN = 10
 
 
@@ -22,10 +24,10 @@ class DrainReport:
         ended while writing model.pt``."""
         parts = []
         if self.not_durable:
-            shown = ", ".join(self.not_durable[:SHOWN])
+            names = ", ".join(shown(name) for name in self.not_durable[:SHOWN])
             more = " ..." if len(self.not_durable) > SHOWN else ""
-            parts.append(f"{len(self.not_durable)} checkpoint file(s) not durable: {shown}{more}")
+            parts.append(f"{len(self.not_durable)} checkpoint file(s) not durable: {names}{more}")
         if self.not_committed:
-            reasons = "; ".join(f"{name}, {why}" for name, why in self.not_committed.items())
+            reasons = "; ".join(f"{shown(name)}, {why}" for name, why in self.not_committed.items())
             parts.append(f"not committed: {reasons}")
         return "; ".join(parts)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from bt_agent.catalog import Catalog, checkpoint_file_key
 from bt_agent.errors import BtAgentError, KeyRefusedError, NotFoundError
-from bt_agent.log import AgentLog, counted, format_bytes
+from bt_agent.log import AgentLog, counted, format_bytes, shown
 from bt_agent.settings import (
     CHECKPOINT_QUIET_VARIABLE,
     DRAIN_TIMEOUT_VARIABLE,
@@ -681,7 +681,9 @@ class Sidecar:
         record = state.file(relative)
         if isinstance(done.error, KeyRefusedError):  # no retry can help
             record.refused = (done.file.sig, str(done.error))
-            self.log.error(f"checkpoints: {relative} is not saved, and not retried: {done.error}")
+            self.log.error(
+                f"checkpoints: {shown(relative)} is not saved, and not retried: {done.error}"
+            )
             return
         record.attempts += 1
         attempt = record.attempts

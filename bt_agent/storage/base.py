@@ -14,7 +14,7 @@ import io
 import itertools
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Literal, TypeVar
@@ -94,6 +94,30 @@ def partial_path(destination: Path) -> Path:
 def partial_prefix(destination: Path) -> str:
     """How the names of this process's partial files of ``destination`` begin."""
     return f".{destination.name}.{os.getpid()}."
+
+
+def files_only(found: Iterable[ObjectInfo]) -> list[ObjectInfo]:
+    """``found`` without folders' placeholders: the empty objects a console's "create folder"
+    leaves (``name/``), which some engines list without their ``/``, as ``name``, beside what
+    the folder holds, and the one of the listing's own folder (its key empty). An empty
+    ``name`` nothing is listed under stays a file."""
+    found = list(found)
+    folders = {info.key[: at + 1] for info in found for at in _slashes(info.key)}
+    return [
+        info
+        for info in found
+        if not (
+            info.size == 0 and (not info.key or info.key.endswith("/") or f"{info.key}/" in folders)
+        )
+    ]
+
+
+def _slashes(key: str) -> Iterator[int]:
+    """Where ``key`` has a ``/``, before its end."""
+    at = key.find("/")
+    while 0 <= at < len(key) - 1:
+        yield at
+        at = key.find("/", at + 1)
 
 
 def is_http_url(url: str) -> bool:
@@ -282,9 +306,9 @@ class ObjectStore(ABC):
         return join_key(self.url.rstrip("/"), key) if key else self.url
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        """Every object under ``prefix``, in key order."""
+        """Every object under ``prefix``, in key order, without folders' placeholders."""
         found = retry(lambda: self._list(prefix), self.policy)
-        return sorted(found, key=lambda info: info.key)
+        return sorted(files_only(found), key=lambda info: info.key)
 
     def stat(self, key: str) -> ObjectInfo:
         check_key(key)
@@ -306,9 +330,10 @@ class ObjectStore(ABC):
     def list_pages(self, prefix: str = "") -> Iterator[Page]:
         """The objects under ``prefix`` in key order, a page at a time, each asked of the store
         only once the one before is used up: a caller that stops early makes fewer requests.
-        Not retried (a caller that needs every object and retries uses :meth:`list`)."""
+        Not retried (a caller that needs every object and retries uses :meth:`list`); folders'
+        placeholders left out as there, those of one page."""
         for page in self._list_pages(prefix):
-            yield sorted(page, key=lambda info: info.key)
+            yield sorted(files_only(page), key=lambda info: info.key)
 
     def read_bytes(self, key: str) -> bytes:
         check_key(key)
@@ -322,7 +347,11 @@ class ObjectStore(ABC):
             destination.parent.mkdir(parents=True, exist_ok=True)
         partial = partial_path(destination)
         try:
-            fetched = retry(lambda: self._download(key, partial, expected), self.policy)
+            if expected is not None and expected.size == 0:  # listed empty: nothing to fetch
+                partial.touch()
+                fetched = Fetched(version=expected.version)
+            else:
+                fetched = retry(lambda: self._download(key, partial, expected), self.policy)
             self._verify(key, partial, expected, fetched)
             os.replace(partial, destination)
         except BaseException:

@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 from bt_agent.errors import (
     AccessDeniedError,
     IntegrityError,
+    KeyRefusedError,
     NotFoundError,
     StoreError,
     TransientStoreError,
@@ -87,6 +88,9 @@ _CAUSE = re.compile(r'(?:message|error): "([^"]+)"')
 #: expired, a credential_process that failed), as the engine reports it.
 _PROVIDER_FAILED = re.compile(r"credential provider: (\w+): ([^\n]+)")
 _NO_CONTAINER = re.compile(r"<Code>(NoSuchBucket|ContainerNotFound)</Code>")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # what the engine refuses in a name
+#: An object whose name the engine cannot take (a control character, an empty segment).
+_UNREADABLE_NAME = re.compile(r'Error parsing Path "(.*?)": ([^\n]*)', re.S)
 _RETRYABLE = re.compile(r"SlowDown|RequestTimeout|InternalError|ServiceUnavailable|Throttl|Busy")
 
 
@@ -314,6 +318,14 @@ class EngineStore(ObjectStore):
         return InFlight(pool, Pace(least, most), tuning.batch_bytes, tuning.batch_max_size)
 
     def _key(self, key: str) -> str:
+        """The engine's name of ``key``; :class:`KeyRefusedError` for one it cannot send (a
+        control character in it: a tab, a line break)."""
+        if control := _CONTROL.search(key):
+            raise KeyRefusedError(
+                f"refusing object key {key!r}: it holds a control character "
+                f"({control.group(0)!r}), which no name in {self.uri()} may hold; rename the file",
+                self.uri(key),
+            )
         return join_key(self.prefix, key)
 
     # --- errors --------------------------------------------------------------------------------
@@ -322,6 +334,8 @@ class EngineStore(ObjectStore):
         """The typed error for one of the engine's."""
         from obstore import exceptions as engine
 
+        if isinstance(exc, StoreError):
+            return exc
         uri = self.uri(key)
         text = str(exc)
         detail = _first_line(text)
@@ -332,6 +346,14 @@ class EngineStore(ObjectStore):
             return StoreError(
                 f"{uri}: the {self.container_noun} of {self.url} does not exist; check its name "
                 f"and where requests go ({where})",
+                uri,
+            )
+        if unreadable := _UNREADABLE_NAME.search(text):  # in a listing: no retry can read it
+            name, why = unreadable.groups()
+            why = _CONTROL.sub(lambda found: repr(found.group(0)).strip("'"), why)
+            return StoreError(
+                f"{uri}: the engine cannot read the name of the object {name!r} there ({why}); "
+                f"rename it, or move it from under {self.url}",
                 uri,
             )
         if isinstance(exc, FileNotFoundError | engine.NotFoundError) or code == "404":
@@ -433,7 +455,7 @@ class EngineStore(ObjectStore):
             found = []
             for item in page:
                 path = item["path"]
-                if path.startswith(under):
+                if path.startswith(under) and path != self.prefix:  # not the prefix's folder
                     key = relative_key(self.prefix, path)
                     found.append(ObjectInfo(key, item["size"], _version(item)))
                 elif within_name and path > under and "/" not in path[names_from:]:
@@ -667,6 +689,8 @@ class EngineStore(ObjectStore):
         import obstore
 
         key = item.expected.key
+        if item.expected.size == 0:  # listed empty: nothing to fetch
+            return item, memoryview(b""), Fetched(version=item.expected.version)
         try:
             options = _get_options(item.expected.version)
             result = obstore.get(self.engine, self._key(key), options=options)

@@ -12,14 +12,13 @@ MAX_KEY_BYTES = 1024
 def check_key(key: str) -> str:
     """``key`` if it is a plain relative ``/``-separated path, else :class:`UnsafeKeyError`."""
     parts = key.split("/")
-    bad = (
-        not key
-        or key.startswith("/")
-        or "\0" in key
-        or any(part in ("", ".", "..") for part in parts)
-    )
-    if bad:
+    if not key or key.startswith("/") or "\0" in key or ".." in parts:
         raise UnsafeKeyError(f"refusing object key {key!r}: it would escape its destination")
+    if "" in parts or "." in parts:
+        raise UnsafeKeyError(
+            f"refusing object key {key!r}: it has an empty or '.' segment (two '/' together, "
+            "or a '/' at its end), which no file's path can keep"
+        )
     size = len(key.encode("utf-8", "surrogateescape"))
     if size > MAX_KEY_BYTES:
         raise UnsafeKeyError(

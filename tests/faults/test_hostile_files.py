@@ -1,13 +1,17 @@
 """Hostile file names and kinds in the checkpoint dir: a newline in a name, non-UTF-8 bytes,
 0-byte files, a FIFO nobody writes to, a symlink loop. Uploaded where a store can hold them,
-skipped with a warning where not; never blocking, never a crash."""
+skipped with a warning where no store can, refused where this one cannot; never blocking, never
+a crash."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import time
+import uuid
 from pathlib import Path
 
+import servers
 from helpers import Agent, trainer_job
 
 from bt_agent.catalog import Catalog, checkpoint_prefix
@@ -120,3 +124,39 @@ def test_a_file_swapped_for_a_fifo_after_it_was_chosen_never_blocks(tmp_path: Pa
     assert isinstance(done.after, Skipped) and "FIFO" in done.after.reason  # type: ignore[attr-defined]
     assert not (tmp_path / "store").exists() or not list((tmp_path / "store").rglob("model.bin"))
     sidecar.journal.close()
+
+
+CONTROL_NAMES = """
+import os
+ckpt = os.path.join(os.environ["BT_CHECKPOINT_DIR"], "checkpoint-1")
+os.makedirs(ckpt)
+for name in ("model.bin", "tab\\tname.bin", "line\\nbreak.txt"):
+    open(os.path.join(ckpt, name), "w").write(name)
+"""
+
+
+def test_a_name_an_object_store_cannot_hold_ends_the_job_at_once_saying_which(
+    agent: Agent, s3_server: servers.SeaweedFS
+) -> None:
+    """A control character in a name is what the engine of an object store cannot send: the
+    file is not retried (the job would wait on it for ever), the checkpoint is not committed
+    without it, and the job ends with exit 4 naming the files, quoted so that each message
+    stays one line."""
+    bucket = f"names{uuid.uuid4().hex[:8]}"
+    s3_server.create_bucket(bucket)
+    started = time.monotonic()
+    result = agent.run_job(
+        trainer_job(agent, CONTROL_NAMES),
+        "--store",
+        f"s3://{bucket}/store",
+        env={**s3_server.client_env(), "BT_CHECKPOINT_QUIET_SECONDS": "0.2"},
+        timeout=90,
+    )
+    assert result.code == 4, result.text
+    assert time.monotonic() - started < 60, "not retried until a deadline"
+    assert "'checkpoint-1/tab\\tname.bin' is not saved, and not retried" in result.err
+    assert "not durable: 'checkpoint-1/line\\nbreak.txt', 'checkpoint-1/tab\\tname.bin'" in (
+        result.err
+    )
+    assert "holds a control character" in result.err and "rename the file" in result.err
+    assert not any("\t" in line or line.startswith("break.txt") for line in result.err.split("\n"))
