@@ -29,6 +29,7 @@ from bt_agent.spec.models import WeightsSource
 from bt_agent.staging.cache import NodeCache, entry_id
 from bt_agent.staging.patterns import selected
 from bt_agent.staging.weights import PlannedFile, SourcePlan, WeightsStager, plan_source
+from bt_agent.storage import open_store
 from bt_agent.storage.base import Fetched, ObjectInfo, ObjectStore
 
 
@@ -193,6 +194,55 @@ def test_patterns_that_select_nothing_say_what_is_there(
     with pytest.raises(StagingError, match=r"nothing is under the source; check its path$"):
         stager.stage([empty])
     assert not (tmp_path / "node").exists()
+
+
+def _one_folder(
+    service: str, request: pytest.FixtureRequest, files: dict[str, bytes]
+) -> tuple[str, Environ]:
+    """A folder of ``files`` in the service's server, and what reaches it."""
+    if service == "s3":
+        server: servers.SeaweedFS = request.getfixturevalue("s3_server")
+        return _seed_s3(server, files), Environ({"AWS_ENDPOINT_URL": server.endpoint, **_KEYS})
+    if service == "gs":
+        gcs: servers.FakeGCS = request.getfixturevalue("gcs_server")
+        bucket = f"b{uuid.uuid4().hex[:12]}"
+        gcs.create_bucket(bucket)
+        url, environ = f"gs://{bucket}/data", Environ({"STORAGE_EMULATOR_HOST": gcs.endpoint})
+    else:
+        azure: servers.Azurite = request.getfixturevalue("azure_server")
+        container = f"c{uuid.uuid4().hex[:12]}"
+        azure.create_container(container)
+        url = f"azure://{servers.AZURITE_ACCOUNT}/{container}/data"
+        environ = Environ({"AZURE_STORAGE_CONNECTION_STRING": azure.connection_string})
+    with open_store(url, environ) as writer:
+        for key, data in files.items():
+            writer.write_bytes(key, data)
+    return url, environ
+
+
+@pytest.mark.parametrize("service", ["s3", "gs", "azure"])
+def test_a_source_that_names_one_object_stages_that_file(
+    service: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """``s3://bucket/models/model.safetensors``: nothing is under it as a folder, so it is the
+    one object it names, mounted as the file of an ``https://`` source is (in the mount, under
+    its name) and cached as any other; a neighbour whose name begins the same is not taken."""
+    files = {"model.safetensors": b"w" * 100, "model.safetensors.index.json": b"{}"}
+    url, environ = _one_folder(service, request, files)
+    log = io.StringIO()
+    where = lambda location: tmp_path / "node" / location.lstrip("/")  # noqa: E731
+    stager = WeightsStager(NodeCache(tmp_path / "cache"), AgentLog(log), environ, {}, where)
+    source = WeightsSource(source=f"{url}/model.safetensors", mount_location="/app/model")
+    for _ in range(2):
+        (plan,) = stager.stage([source])
+        assert plan.pinned == source.source
+        mount = tmp_path / "node" / "app" / "model"
+        assert {p.name: p.read_bytes() for p in mount.iterdir()} == {
+            "model.safetensors": b"w" * 100
+        }
+    said = log.getvalue()
+    assert f"weights[0] {source.source}: 1 file, 100 B; 0 in the node cache, 1 to fetch" in said
+    assert "1 in the node cache, 0 to fetch" in said
 
 
 def test_unknown_hf_revision_is_deploy_failed(

@@ -15,7 +15,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bt_agent.context import NodeContext
@@ -113,11 +113,18 @@ def _entry(identity: str, info: ObjectInfo) -> str:
     return entry_id(identity, info.key, info.version or "", str(info.size))
 
 
-def plan_source(index: int, weights: WeightsSource, store: ObjectStore, mount: Path) -> SourcePlan:
-    """The source's selected files; a key that would land outside the mount (``..``, an
-    absolute path, a NUL) fails the plan with :class:`UnsafeKeyError` before any transfer."""
-    objects = store.list()
-    pinned = store.pinned_url if isinstance(store, HFStore) else store.url
+def plan_source(
+    index: int, weights: WeightsSource, store: ObjectStore, mount: Path, only: str = ""
+) -> SourcePlan:
+    """The source's selected files (with ``only``, the one object of that key, if the store
+    holds it); a key that would land outside the mount (``..``, an absolute path, a NUL) fails
+    the plan with :class:`UnsafeKeyError` before any transfer."""
+    if only:
+        objects = [info for info in store.list(only) if info.key == only]
+        pinned = store.uri(only)
+    else:
+        objects = store.list()
+        pinned = store.pinned_url if isinstance(store, HFStore) else store.url
     identity = _identity(store)
     files = [
         PlannedFile(check_key(info.key), info, _entry(identity, info))
@@ -246,16 +253,44 @@ class WeightsStager:
             plan = self.outage.call(
                 f"weights[{index}]", lambda: plan_source(index, weights, store, mount)
             )
+            if not plan.listed:
+                plan = self._one_object(plan) or plan
         except (StoreError, UsageError) as exc:
             store.close()
             raise self._fail(index, weights, exc) from exc
         except BaseException:
             store.close()
             raise
+        if plan.store is not store:
+            store.close()
         if not plan.files:
+            plan.store.close()
             store.close()
             raise self._fail(index, weights, ValueError(_nothing_selected(plan)))
         return plan
+
+    def _one_object(self, plan: SourcePlan) -> SourcePlan | None:
+        """Where nothing is under a source of an object store, the one object it may name
+        (``s3://bucket/models/model.safetensors``), from a store of its folder: that file, at
+        the mount as the file of an ``https://`` source is; None if there is none."""
+        name = str(getattr(plan.store, "prefix", "")).rpartition("/")[2]
+        weights = plan.weights
+        if not name or weights.scheme == "bt":
+            return None
+        source = plan.store.url.rstrip("/").removesuffix(f"/{name}")
+        folder = self._open(plan.index, replace(weights, source=source))
+        try:
+            found = self.outage.call(
+                f"weights[{plan.index}]",
+                lambda: plan_source(plan.index, weights, folder, plan.mount, only=name),
+            )
+        except BaseException:
+            folder.close()
+            raise
+        if found.listed:
+            return found
+        folder.close()
+        return None
 
     def _say_plan(self, plan: SourcePlan) -> list[PlannedFile]:
         """Log what the plan holds and what the node cache lacks; return the latter."""
