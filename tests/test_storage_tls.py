@@ -6,9 +6,11 @@ and never a fall back to plain HTTP; nothing is written."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -636,3 +638,99 @@ def test_http_to_a_server_of_tls_says_to_write_https(s3_server: servers.SeaweedF
         message = str(_refused(store, store.list))
     assert f"{plain} speaks TLS only (its answer: Client sent an HTTP request to" in message
     assert message.endswith(f"write it as https://localhost:{s3_server.https_port}"), message
+
+
+class _RegionsOfAWS(ThreadingHTTPServer):
+    """Stands in for AWS's answers about regions, which no server here gives (SeaweedFS has no
+    regions): a HEAD of a bucket gets its region in ``x-amz-bucket-region``, as AWS tells anyone;
+    any other request, as if signed for another region, gets what S3 answers one: a redirect
+    with no place to go (path style), or with ``malformed`` a 400 naming the region to use."""
+
+    def __init__(self, region: str, malformed: bool = False) -> None:
+        self.region, self.malformed = region, malformed
+        self.seen: list[str] = []
+        super().__init__(("127.0.0.1", 0), self._Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    class _Handler(BaseHTTPRequestHandler):
+        server: _RegionsOfAWS
+
+        def _answer(self) -> None:
+            region = self.server.region
+            self.server.seen.append(f"{self.command} {self.path}")
+            body = b""
+            if self.command == "HEAD":
+                status = 301
+            elif self.server.malformed:
+                status, body = (
+                    400,
+                    (
+                        "<Error><Code>AuthorizationHeaderMalformed</Code><Message>The "
+                        "authorization header is malformed; the region 'us-east-1' is wrong; "
+                        f"expecting '{region}'</Message><Region>{region}</Region></Error>"
+                    ).encode(),
+                )
+            else:
+                status, body = 301, b"<Error><Code>PermanentRedirect</Code></Error>"
+            self.send_response(status)
+            self.send_header("x-amz-bucket-region", region)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        do_GET = do_HEAD = do_PUT = _answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+
+def test_a_bucket_outside_the_default_region_is_found_where_no_region_is_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No region anywhere (secret, environment, profile) and AWS's own endpoint: the region is
+    asked of AWS, as botocore finds it, not taken to be us-east-1 (whose endpoint would answer
+    every request with a redirect). The answer comes from a stand-in for AWS."""
+    aws = _RegionsOfAWS("eu-central-1")
+    try:
+        monkeypatch.setattr("bt_agent.storage.s3.REGION_ENDPOINT", aws.endpoint)
+        for variable in ("AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE"):
+            monkeypatch.delenv(variable, raising=False)
+        monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+        with open_store("s3://far-bucket/p", Environ({}), SECRET, "creds") as store:
+            assert isinstance(store, S3Store)
+            assert store.engine.config["region"] == "eu-central-1"
+        asked = len(aws.seen)
+        assert asked and set(aws.seen) == {"HEAD /far-bucket"}  # botocore follows its redirect
+        given = Environ({"AWS_DEFAULT_REGION": "us-west-2"})
+        with open_store("s3://far-bucket/p", given, SECRET, "creds") as store:
+            assert isinstance(store, S3Store)
+            assert store.engine.config["region"] == "us-west-2", "a region set is kept"
+        assert len(aws.seen) == asked, "and not asked of AWS"
+    finally:
+        aws.shutdown()
+        aws.server_close()
+
+
+@pytest.mark.parametrize("malformed", [False, True], ids=["redirect", "malformed"])
+def test_a_region_set_that_is_not_the_buckets_is_a_clear_error_at_once(malformed: bool) -> None:
+    """Requests signed for a region the bucket is not in: S3's answer (from a stand-in for
+    AWS) says so, at once, naming the variable to set; no outage to wait out."""
+    aws = _RegionsOfAWS("eu-central-1", malformed)
+    environ = Environ({"AWS_ENDPOINT_URL": aws.endpoint, "AWS_DEFAULT_REGION": "us-east-1"})
+    try:
+        with open_store("s3://far-bucket/p", environ, SECRET, "creds") as store:
+            started = time.monotonic()
+            message = str(_refused(store))
+            assert time.monotonic() - started < 10
+        assert "the bucket far-bucket is not in the region us-east-1" in message, message
+        assert "set AWS_DEFAULT_REGION (or the secret's aws_region) to its region" in message
+        if malformed:
+            assert "its region, eu-central-1" in message
+    finally:
+        aws.shutdown()
+        aws.server_close()

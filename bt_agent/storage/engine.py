@@ -81,6 +81,10 @@ _TLS_ONLY = re.compile(
     r"|(?:The )?plain HTTP request was sent to HTTPS port"
 )
 _STATUS = re.compile(r"status code: (\d{3})")
+#: S3's answer to a request signed for a region other than the bucket's: a redirect without a
+#: place to go (the engine's words), or its error code.
+_OTHER_REGION = re.compile(r"redirect without LOCATION|the region '[^']*' is wrong")
+_REGION = re.compile(r"(?:expecting '|<Region>)([\w-]+)")
 #: Why a connection failed, in the words of the system or the resolver, as the engine's report
 #: quotes them (its first line only says "error sending request").
 _CAUSE = re.compile(r'(?:message|error): "([^"]+)"')
@@ -383,6 +387,9 @@ class EngineStore(ObjectStore):
             return self.changed(key)
         if not isinstance(exc, engine.BaseError):
             return exc
+        if _OTHER_REGION.search(text):
+            named = _REGION.search(text)
+            return StoreError(f"{uri}: {self.other_region(named and named.group(1))}", uri)
         if _CORRUPT.search(text):
             return IntegrityError(f"{uri}: the service rejected the checksum ({detail})", uri)
         if _CERTIFICATE.search(text):
@@ -397,6 +404,11 @@ class EngineStore(ObjectStore):
             said = (_CAUSE.findall(text) or [detail])[-1]
             return TransientStoreError(f"{uri}: cannot reach {self._route(where)} ({said})", uri)
         return StoreError(f"{uri}: {detail}", uri)
+
+    def other_region(self, region: str | None) -> str:
+        """What to do where the service says the bucket is in another region (``region``,
+        where it names it)."""
+        return f"the service says the bucket is in another region ({region or 'not named'})"
 
     def _route(self, where: str) -> str:
         """``where``, and the proxy its requests go through where one is set (and no

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 #: The largest object one CopyObject takes.
 MAX_COPY_BYTES = 5 * 1024**3
 CA_BUNDLE_VARIABLE = "AWS_CA_BUNDLE"
+#: Where AWS answers which region holds a bucket (:func:`bucket_region`).
+REGION_ENDPOINT = "https://s3.amazonaws.com"
 #: How a directory bucket of S3 Express One Zone is named: ``<base>--<zone id>--x-s3``.
 EXPRESS_SUFFIX = "--x-s3"
 
@@ -70,6 +72,19 @@ class S3Store(EngineStore):
         self.region = region or (keys.region if keys else None)
         self.fips, self.dualstack = fips, dualstack
         self.virtual_hosted = virtual_hosted
+        self.signing_region = self.region  # the region requests are signed for, once known
+
+    def other_region(self, region: str | None) -> str:
+        named = (
+            f"its region, {region}"
+            if region
+            else f"its region (aws s3api head-bucket --bucket {self.bucket} names it)"
+        )
+        return (
+            f"the bucket {self.bucket} is not in the region {self.signing_region}, which "
+            f"requests are signed for; set AWS_DEFAULT_REGION (or the secret's aws_region) to "
+            f"{named}"
+        )
 
     def _make_engine(self) -> Any:
         from obstore.store import S3Store as Engine
@@ -87,8 +102,11 @@ class S3Store(EngineStore):
             fips = chain.flag("use_fips_endpoint") if fips is None else fips
             dualstack = chain.flag("use_dualstack_endpoint") if dualstack is None else dualstack
             self.virtual_hosted = self.virtual_hosted or chain.addressing_style() == "virtual"
-        region = region or "us-east-1"
-        if not self.endpoint_url and self.bucket.endswith(EXPRESS_SUFFIX):
+        express = not self.endpoint_url and self.bucket.endswith(EXPRESS_SUFFIX)
+        if region is None and not self.endpoint_url and not express:  # AWS, no region set
+            region = bucket_region(self.bucket, self.ca_bundle, self._proxy(), REGION_ENDPOINT)
+        self.signing_region = region = region or "us-east-1"
+        if express:
             config["s3_express"] = True  # the engine finds the zone's endpoint and sessions
         else:
             self.endpoint_url = self.endpoint_url or aws_endpoint(region, fips, dualstack)
@@ -106,6 +124,41 @@ class S3Store(EngineStore):
             retry_config=ENGINE_RETRIES,
             **config,
         )
+
+
+def bucket_region(
+    bucket: str, ca_bundle: str | None, proxy: str | None, endpoint: str
+) -> str | None:
+    """The region AWS (at ``endpoint``) says holds ``bucket``: the ``x-amz-bucket-region``
+    header of its answer to a HEAD of the bucket, which it gives to anyone, as botocore's
+    region redirects read it (the engine has no such lookup, and its requests to the wrong
+    region fail). None where no answer says it (no such bucket; AWS out of reach: requests then
+    go to ``us-east-1``)."""
+    import botocore.session
+    from botocore import UNSIGNED
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    config = Config(
+        signature_version=UNSIGNED,
+        connect_timeout=5,
+        read_timeout=10,
+        retries={"total_max_attempts": 2},
+        proxies={"https": proxy, "http": proxy} if proxy else None,
+    )
+    client = botocore.session.get_session().create_client(
+        "s3", "us-east-1", endpoint_url=endpoint, verify=ca_bundle or None, config=config
+    )
+    try:
+        answer: Any = client.head_bucket(Bucket=bucket)
+    except ClientError as exc:
+        answer = exc.response
+    except BotoCoreError:
+        return None
+    finally:
+        client.close()
+    region = answer.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("x-amz-bucket-region")
+    return str(region) if region else None
 
 
 def bucket_endpoint(endpoint: str, bucket: str) -> str:
