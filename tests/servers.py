@@ -400,10 +400,13 @@ def git(repo: Path, *args: str) -> str:
     return done.stdout.strip()
 
 
-def hf_repo(mirrors: Path, repo_id: str, files: dict[str, bytes], branch: str = "main") -> str:
-    """Commit ``files`` to a git repository olah serves as ``repo_id``; return the commit."""
+def hf_repo(
+    mirrors: Path, repo_id: str, files: dict[str, bytes], branch: str = "main", kind: str = "models"
+) -> str:
+    """Commit ``files`` to a git repository olah serves as ``repo_id`` (of ``kind``: models or
+    datasets); return the commit."""
     require("git", "apt-get install git")
-    path = mirrors / "models" / repo_id
+    path = mirrors / kind / repo_id
     if not (path / ".git").exists():
         path.mkdir(parents=True)
         git(path, "init", "-q", "-b", "main")

@@ -128,6 +128,31 @@ def test_job_reads_hf_and_s3_mounts(
     assert mounted.stat().st_nlink >= 2, "mounted by hard link from the cache"
 
 
+def test_a_hub_dataset_is_staged_apart_from_a_model_of_its_name(
+    hf_server: servers.Olah, tmp_path: Path
+) -> None:
+    """``hf://datasets/owner/name`` (huggingface_hub's own form) is the dataset, not a model
+    of that name, pinned to its commit and cached as its own; ``hf://owner/name`` the model."""
+    repo = f"org/both-{uuid.uuid4().hex[:6]}"
+    servers.hf_repo(hf_server.mirrors, repo, {"config.json": b"model"})
+    commit = servers.hf_repo(hf_server.mirrors, repo, {"train.jsonl": b"data"}, kind="datasets")
+    environ = Environ({"HF_ENDPOINT": hf_server.endpoint})
+    log = io.StringIO()
+    where = lambda location: tmp_path / "node" / location.lstrip("/")  # noqa: E731
+    stager = WeightsStager(NodeCache(tmp_path / "cache"), AgentLog(log), environ, {}, where)
+    dataset, model = stager.stage(
+        [
+            WeightsSource(source=f"hf://datasets/{repo}", mount_location="/data"),
+            WeightsSource(source=f"hf://{repo}@main", mount_location="/model"),
+        ]
+    )
+    assert dataset.pinned == f"hf://datasets/{repo}@{commit}"
+    assert [p.name for p in (tmp_path / "node" / "data").iterdir()] == ["train.jsonl"]
+    assert (tmp_path / "node" / "data" / "train.jsonl").read_bytes() == b"data"
+    assert (tmp_path / "node" / "model" / "config.json").read_bytes() == b"model"
+    assert dataset.files[0].entry != model.files[0].entry
+
+
 @pytest.mark.parametrize("source", ["hf", "s3"])
 def test_empty_files_are_staged(
     agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah, source: str

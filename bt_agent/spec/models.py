@@ -348,7 +348,10 @@ def _source_rule(value: str) -> tuple[str, str] | None:
             return (exc.problem, exc.hint)
         return None
     name = scheme[:-3].upper()
-    forms = {"https://": "https://hostname/path", "hf://": "hf://owner/repo[@revision]"}
+    forms = {
+        "https://": "https://hostname/path",
+        "hf://": "hf://owner/repo[@revision] (a dataset: hf://datasets/owner/repo)",
+    }
     if not rest or rest.startswith("/"):
         form = forms.get(scheme, f"{scheme}bucket/path")
         return (f"invalid {name} URI {value!r}", f"expected format: {form}")

@@ -106,7 +106,7 @@ class SourcePlan:
 
 def _identity(store: ObjectStore) -> str:
     """What names a source's content: an HF repo (blob ids are its versions) or the URL."""
-    return f"hf://{store.repo_id}" if isinstance(store, HFStore) else store.url
+    return store.repository if isinstance(store, HFStore) else store.url
 
 
 def _entry(identity: str, info: ObjectInfo) -> str:

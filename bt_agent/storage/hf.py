@@ -1,4 +1,5 @@
-"""``hf://owner/repo[@revision]``: a Hugging Face Hub repository, read-only.
+"""``hf://owner/repo[@revision]``: a Hugging Face Hub repository, read-only; a dataset as
+``hf://datasets/owner/repo[@revision]``.
 
 The revision (branch, tag or commit) is resolved to its commit once, the first time it is needed,
 and everything after reads at that commit, so a branch that moves mid-staging cannot mix files
@@ -36,7 +37,7 @@ class HFStore(ObjectStore):
         self.secret_name = secret_name
         self.endpoint = endpoint
         self.repo_type = repo_type
-        self.url = f"hf://{repo_id}@{revision}"
+        self.url = f"{self.repository}@{revision}"
         self._commit: str | None = None
         self._tree: dict[str, ObjectInfo] | None = None  # at the pinned commit: immutable
         self._lock = threading.Lock()
@@ -135,8 +136,15 @@ class HFStore(ObjectStore):
             return self._commit
 
     @property
+    def repository(self) -> str:
+        """``hf://owner/name``, or ``hf://datasets/owner/name`` for a dataset: the repository,
+        named as huggingface_hub's ``hf://`` file system names it."""
+        kind = "" if self.repo_type == "model" else f"{self.repo_type}s/"
+        return f"hf://{kind}{self.repo_id}"
+
+    @property
     def pinned_url(self) -> str:
-        return f"hf://{self.repo_id}@{self.commit}"
+        return f"{self.repository}@{self.commit}"
 
     def tree(self) -> dict[str, ObjectInfo]:
         """Every file of the repository at the pinned commit, listed once."""

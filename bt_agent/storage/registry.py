@@ -27,6 +27,7 @@ R2_ENDPOINT_VARIABLE = "BT_R2_ENDPOINT_URL"  # overrides the endpoint (tests, pr
 CW_ENDPOINT = "https://cwobject.com"  # CoreWeave AI Object Storage, from anywhere
 CW_ENDPOINT_VARIABLE = "BT_CW_ENDPOINT_URL"  # another: http://cwlota.com inside CoreWeave
 CA_BUNDLE_VARIABLE = "AWS_CA_BUNDLE"  # a PEM file of CAs trusted beside the system's
+DATASETS = "datasets"  # hf://datasets/owner/name: a dataset, as huggingface_hub names one
 REGION_VARIABLE = "AWS_DEFAULT_REGION"  # botocore's; where unset, botocore reads the profile
 
 
@@ -77,9 +78,12 @@ def open_store(
         from bt_agent.storage.hf import HFStore
 
         repo, _, revision = (parsed.netloc + parsed.path).partition("@")
+        kind, _, named = repo.strip("/").partition("/")
+        dataset = kind == DATASETS and named.count("/") == 1  # not a model's owner "datasets"
         return HFStore(
-            repo.strip("/"),
+            named if dataset else repo.strip("/"),
             revision or "main",
+            repo_type="dataset" if dataset else "model",
             token=secret,
             endpoint=environ.get("HF_ENDPOINT"),
             secret_name=secret_name,
