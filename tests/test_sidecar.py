@@ -28,6 +28,7 @@ from sidecar_checks import FAST, WRITER, assert_store_holds, ckpt_job, manifests
 
 from bt_agent.settings import Environ
 from bt_agent.sidecar.cpus import cpu_list
+from bt_agent.sidecar.stats import UploadStats
 from bt_agent.storage import ObjectStore, open_store
 
 
@@ -617,6 +618,19 @@ def test_uploads_left_when_the_commands_end_are_said(
     said = "checkpoints: 1 file (3.0 MB) still to upload; the job ends once they are durable"
     assert said in result.err, result.err
     assert result.err.index(said) < result.err.index("checkpoint checkpoint-1 committed")
+
+
+def test_a_file_made_durable_leaves_the_backlog_at_once() -> None:
+    """The backlog is counted once a second; a file made durable since leaves it at once, so
+    the line said when the commands end never names files committed just before."""
+    stats = UploadStats()
+    stats.backlog(2, 3_000_100)
+    stats.uploaded(3_000_000)
+    totals = stats.totals()
+    assert (totals.backlog_files, totals.backlog_bytes) == (1, 100)
+    stats.uploaded(500)  # a file the last count had not seen yet
+    totals = stats.totals()
+    assert (totals.files, totals.backlog_files, totals.backlog_bytes) == (2, 0, 0)
 
 
 def test_a_sidecar_stuck_on_a_dead_store_at_the_deadline_reports_by_its_journal(

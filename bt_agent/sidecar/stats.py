@@ -28,9 +28,14 @@ class UploadStats:
         self._counts = _Counts()
 
     def uploaded(self, size: int) -> None:
+        """A file durable: counted, and out of the backlog counted last (which the next count
+        sets right, should it not have held the file)."""
         with self._lock:
-            self._counts.files += 1
-            self._counts.bytes += size
+            counts = self._counts
+            counts.files += 1
+            counts.bytes += size
+            counts.backlog_files = max(counts.backlog_files - 1, 0)
+            counts.backlog_bytes = max(counts.backlog_bytes - size, 0)
 
     def failed(self) -> None:
         with self._lock:
