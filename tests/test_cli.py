@@ -119,8 +119,8 @@ def test_run_copies_the_code_dir_into_the_working_dir(agent: Agent) -> None:
 
 def test_the_code_copy_leaves_out_what_is_not_code(agent: Agent) -> None:
     """Beside the spec: a named pipe and a socket, the secrets dir, a file store, another
-    node's root and a .git dir. Only the code reaches the working dir, and the log says what
-    was copied and what special files were left out."""
+    node's root, an earlier run's file store and a .git dir. Only the code reaches the working
+    dir, and the log says what was copied and what special files were left out."""
     code = agent.root / "code"
     (code / "sub").mkdir(parents=True)
     (code / "train.py").write_text("print('trained')\n")
@@ -131,6 +131,10 @@ def test_the_code_copy_leaves_out_what_is_not_code(agent: Agent) -> None:
         (code / "secrets").mkdir()
         (code / "secrets" / "hf_tok").write_text("hf_secret_value\n")
         (code / "other-node" / "var" / "lib" / "bt-agent").mkdir(parents=True)
+        (code / "old-store" / "index").mkdir(parents=True)  # an earlier run's --store
+        (code / "old-store" / "index" / "format.json").write_text('{"version": 1}')
+        (code / "old-store" / "jobs").mkdir()
+        (code / "old-store" / "jobs" / "j1.json").write_text("{}")
         (code / ".git").mkdir()
         (code / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
         spec = job_with(

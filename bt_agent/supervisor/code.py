@@ -1,8 +1,8 @@
 """The user's code copied into the working dir of a local run, as the platform's push uploads it:
 regular files, directories and symbolic links; never special files (a named pipe or a socket
 beside the spec), never what the agent itself keeps (a node root, a file store, a cache dir, the
-secrets dir) nor a version control or tool directory, nor what the code dir's ignore file
-(:data:`IGNORE_FILE`, in ``.gitignore`` syntax) names.
+secrets dir; other runs' too) nor a version control or tool directory, nor what the code dir's
+ignore file (:data:`IGNORE_FILE`, in ``.gitignore`` syntax) names.
 
 The copy is planned first (what would be copied, counted against :data:`MAX_CODE_FILES`), then
 made: a code dir that is too large is refused before anything is written.
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bt_agent.catalog.layout import INDEX_FORMAT_KEY
 from bt_agent.errors import StagingError
 
 if TYPE_CHECKING:
@@ -53,9 +54,11 @@ class _Plan:
 
 
 def is_agents_own(directory: Path) -> bool:
-    """A node root (its state or its workspace) or a cache (objects and locks)."""
+    """A node root (its state or its workspace), a cache (objects and locks), or a file store
+    (its index's format record), this run's or another's."""
     marks = [directory.joinpath(*parts).is_dir() for parts in _AGENT_MARKS]
-    return marks[0] or marks[1] or (marks[2] and marks[3])
+    store = directory.joinpath(*INDEX_FORMAT_KEY.split("/")).is_file()
+    return marks[0] or marks[1] or (marks[2] and marks[3]) or store
 
 
 def copy_code(
