@@ -270,6 +270,47 @@ def test_a_source_that_names_one_object_stages_that_file(
     assert "1 in the node cache, 0 to fetch" in said
 
 
+def test_patterns_that_stop_at_a_slash_say_what_they_leave_in_subdirectories(
+    s3_server: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    """A diffusers-like layout with ``allow_patterns=["*.json", "*.safetensors"]``, as a user
+    of huggingface_hub (whose ``*`` crosses ``/``) writes them: the files in subdirectories are
+    left out, as the patterns' rules say, and the agent says which and how to take them; where
+    that leaves nothing, the error says it."""
+    url = _seed_s3(
+        s3_server,
+        {
+            "model_index.json": b"{}",
+            "unet/config.json": b"{}",
+            "unet/diffusion_pytorch_model.safetensors": b"w",
+            "vae/diffusion_pytorch_model.safetensors": b"v",
+        },
+    )
+    environ = Environ({"AWS_ENDPOINT_URL": s3_server.endpoint, **_KEYS})
+    log = io.StringIO()
+    where = lambda location: tmp_path / "node" / location.lstrip("/")  # noqa: E731
+    stager = WeightsStager(NodeCache(tmp_path / "cache"), AgentLog(log), environ, {}, where)
+    allow = ["*.json", "*.safetensors"]
+    (plan,) = stager.stage([WeightsSource(url, "/pipe", allow_patterns=allow)])
+    assert [f.relative for f in plan.files] == ["model_index.json"]
+    assert (
+        f"warning: weights[0] {url}: allow_patterns ['*.json', '*.safetensors'] leave out 3 "
+        "files in subdirectories that they match by name (such as unet/config.json, "
+        "unet/diffusion_pytorch_model.safetensors, vae/diffusion_pytorch_model.safetensors): "
+        "here * stops at /; write ['**/*.json', '**/*.safetensors'] to take them too"
+    ) in log.getvalue()
+    deep = ["**/*.json", "**/*.safetensors"]
+    stager.stage([WeightsSource(url, "/all", allow_patterns=deep)])
+    assert len(list((tmp_path / "node" / "all").rglob("*.*"))) == 4
+    assert log.getvalue().count("warning:") == 1, "patterns that take them say nothing"
+    with pytest.raises(StagingError) as raised:
+        stager.stage([WeightsSource(url, "/none", allow_patterns=["*.safetensors"])])
+    assert str(raised.value).endswith(
+        "; * stops at /: ['**/*.safetensors'] would take 2 files in subdirectories (such as "
+        "unet/diffusion_pytorch_model.safetensors)"
+    )
+
+
 def test_unknown_hf_revision_is_deploy_failed(
     agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
 ) -> None:

@@ -50,3 +50,25 @@ def selected(path: str, allow: Sequence[str] | None, ignore: Sequence[str] | Non
     if ignore and matches(path, ignore):
         return False
     return not allow or matches(path, allow)
+
+
+def anywhere(patterns: Sequence[str]) -> list[str]:
+    """``patterns`` as they would match at any depth: one with no ``/`` as ``**/`` before it
+    (``*.safetensors`` as ``**/*.safetensors``), the others as they are."""
+    return [p if "/" in p else f"**/{p}" for p in patterns]
+
+
+def left_in_subdirectories(
+    paths: Sequence[str], allow: Sequence[str] | None, ignore: Sequence[str] | None
+) -> list[str]:
+    """The paths in subdirectories that ``allow`` leaves out only because its ``*`` stops at
+    ``/``, where huggingface_hub's patterns would take them: what a user of those may have
+    meant, worth a word."""
+    if not allow or all("/" in p for p in allow):
+        return []
+    deeper = anywhere(allow)
+    return [
+        path
+        for path in paths
+        if "/" in path and not selected(path, allow, ignore) and selected(path, deeper, ignore)
+    ]

@@ -31,7 +31,7 @@ from bt_agent.settings import (
 )
 from bt_agent.spec.models import TrainingJob, WeightsSource
 from bt_agent.staging.cache import ENTRY_MODE, Claim, NodeCache, copy_atomic, entry_id
-from bt_agent.staging.patterns import selected
+from bt_agent.staging.patterns import anywhere, left_in_subdirectories, selected
 from bt_agent.staging.progress import Progress
 from bt_agent.storage import ObjectInfo, ObjectStore, open_store
 from bt_agent.storage.base import Wanted
@@ -98,6 +98,8 @@ class SourcePlan:
     mount: Path
     listed: int = 0  # objects under the source, selected or not
     some_keys: tuple[str, ...] = ()  # a few of their keys, for an error that says what is there
+    #: Files in subdirectories left out only because a pattern's ``*`` stops at ``/``.
+    shallow: tuple[str, ...] = ()
 
     @property
     def size(self) -> int:
@@ -132,7 +134,22 @@ def plan_source(
         if selected(info.key, weights.allow_patterns, weights.ignore_patterns)
     ]
     keys = tuple(info.key for info in objects[:3])
-    return SourcePlan(index, weights, store, pinned, files, mount, len(objects), keys)
+    allow, ignore = weights.allow_patterns, weights.ignore_patterns
+    shallow = left_in_subdirectories([info.key for info in objects], allow, ignore)
+    return SourcePlan(
+        index, weights, store, pinned, files, mount, len(objects), keys, tuple(shallow)
+    )
+
+
+def _shallow(plan: SourcePlan) -> str:
+    """What the allow patterns leave out in subdirectories, and how to take it."""
+    allow = plan.weights.allow_patterns or []
+    example = ", ".join(plan.shallow[:3])
+    return (
+        f"weights[{plan.index}] {plan.pinned}: allow_patterns {allow} leave out "
+        f"{counted(len(plan.shallow), 'file')} in subdirectories that they match by name (such "
+        f"as {example}): here * stops at /; write {anywhere(allow)} to take them too"
+    )
 
 
 def _nothing_selected(plan: SourcePlan) -> str:
@@ -148,10 +165,16 @@ def _nothing_selected(plan: SourcePlan) -> str:
         )
         if value
     )
+    deeper = (
+        f"; * stops at /: {anywhere(weights.allow_patterns or [])} would take "
+        f"{counted(len(plan.shallow), 'file')} in subdirectories (such as {plan.shallow[0]})"
+        if plan.shallow
+        else ""
+    )
     return (
         f"no file matches: {plan.listed} under the source (such as {', '.join(plan.some_keys)}), "
         f"none selected by {patterns}; check the patterns (matched against each key under the "
-        "source)"
+        f"source){deeper}"
     )
 
 
@@ -294,6 +317,8 @@ class WeightsStager:
 
     def _say_plan(self, plan: SourcePlan) -> list[PlannedFile]:
         """Log what the plan holds and what the node cache lacks; return the latter."""
+        if plan.shallow:
+            self.log.warning(_shallow(plan))
         misses = [f for f in plan.files if not self.cache.has(f.entry, f.info.size)]
         held = f"{counted(len(plan.files), 'file')}, {format_bytes(plan.size)}"
         self.log.info(
