@@ -826,6 +826,37 @@ def test_azure_weights_with_patterns_through_the_node_cache(
     assert "2 in the node cache, 0 to fetch" in result.text, result.text
 
 
+def test_azure_weights_through_a_sas_token_that_must_allow_listing(
+    azure_server: servers.Azurite, tmp_path: Path
+) -> None:
+    """The secret a SAS token's connection string, as the portal gives one: one that allows
+    read and list stages the source; one that allows read only is refused by the listing,
+    and the error says what the token must allow, never the token."""
+    container = f"w{uuid.uuid4().hex[:10]}"
+    azure_server.create_container(container)
+    url = f"azure://{servers.AZURITE_ACCOUNT}/{container}/model"
+    with open_store(url, Environ({}), azure_server.connection_string, "seed") as seeding:
+        seeding.write_bytes("model.safetensors", b"w" * 300_000)
+        seeding.write_bytes("config.json", b"{}")
+    where = lambda location: tmp_path / "node" / location.lstrip("/")  # noqa: E731
+    readable, read_only = (azure_server.sas_connection_string(p) for p in ("rl", "r"))
+    secrets = {"sas": readable, "sas_read_only": read_only}
+    stager = WeightsStager(
+        NodeCache(tmp_path / "cache"), AgentLog(io.StringIO()), Environ({}), secrets, where
+    )
+    stager.stage([WeightsSource(url, "/model", auth_secret_name="sas")])
+    assert sorted(p.name for p in (tmp_path / "node" / "model").iterdir()) == [
+        "config.json",
+        "model.safetensors",
+    ]
+    with pytest.raises(StagingError) as refused:
+        stager.stage([WeightsSource(url, "/other", auth_secret_name="sas_read_only")])
+    said = str(refused.value)
+    assert "access denied (403); check that the SAS token has not expired and allows" in said
+    assert "read and list for weights" in said
+    assert "sig=" not in said and read_only.split("sig=")[1][:20] not in said
+
+
 def test_bad_credentials_are_deploy_failed(
     agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
 ) -> None:

@@ -43,6 +43,14 @@ class AzureStore(EngineStore):
         self.container = container
         self.credentials = credentials or AzureCredentials()
 
+    def access_hint(self) -> str:
+        if not self.credentials.sas_token:
+            return super().access_hint()
+        return (
+            "check that the SAS token has not expired and allows what was asked: read and list "
+            "for weights and loaded checkpoints, also write and delete for the store"
+        )
+
     def _make_engine(self) -> Any:
         from obstore.store import AzureStore as Engine
 

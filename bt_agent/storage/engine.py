@@ -379,9 +379,7 @@ class EngineStore(ObjectStore):
             "403",
         ):
             return AccessDeniedError(
-                f"{uri}: access denied ({code or 'forbidden'}); check the credentials and the "
-                f"{self.container_noun}'s policy",
-                uri,
+                f"{uri}: access denied ({code or 'forbidden'}); {self.access_hint()}", uri
             )
         if isinstance(exc, engine.PreconditionError):  # If-Match: another version is there
             return self.changed(key)
@@ -404,6 +402,10 @@ class EngineStore(ObjectStore):
             said = (_CAUSE.findall(text) or [detail])[-1]
             return TransientStoreError(f"{uri}: cannot reach {self._route(where)} ({said})", uri)
         return StoreError(f"{uri}: {detail}", uri)
+
+    def access_hint(self) -> str:
+        """What to check where the service refused a request."""
+        return f"check the credentials and the {self.container_noun}'s policy"
 
     def other_region(self, region: str | None) -> str:
         """What to do where the service says the bucket is in another region (``region``,
