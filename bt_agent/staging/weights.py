@@ -284,11 +284,10 @@ class WeightsStager:
         except BaseException:
             store.close()
             raise
-        if plan.store is not store:
+        if plan.store is not store:  # the source names one object: its folder's store reads it
             store.close()
         if not plan.files:
             plan.store.close()
-            store.close()
             raise self._fail(index, weights, ValueError(_nothing_selected(plan)))
         return plan
 
