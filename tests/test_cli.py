@@ -9,7 +9,7 @@ import os
 import socket
 
 import pytest
-from helpers import Agent, job_with
+from helpers import Agent, finish, job_with, wait_for
 from spec_cases import INVALID, job
 
 from bt_agent.log import format_bytes
@@ -150,6 +150,27 @@ def test_the_code_copy_leaves_out_what_is_not_code(agent: Agent) -> None:
     assert "code: left out 2 special files" in result.err
     assert f"code: copied 3 files, {format_bytes(size)}" in result.err
     assert (code / "store" / "projects").is_dir(), "the store was there to be left out"
+
+
+def test_a_second_run_on_a_node_root_in_use_is_refused(agent: Agent) -> None:
+    """Two local runs with one ``--node-root`` would share the working, checkpoint and scratch
+    dirs: the second is refused with exit 2 naming the first, before it writes anything; once
+    the first has ended, the node root is free again."""
+    first = agent.start(job_with(start_commands=["sleep 3"]), "--job-id", "first01")
+    try:
+        wait_for(lambda: (agent.store / "jobs" / "first01.json").exists(), 30, "the first job")
+        second = agent.run_job(job_with(start_commands=["echo must not run"]))
+        assert second.code == 2, second.text
+        assert f"the node root {agent.node_root} is in use by job first01 (pid {first.pid})" in (
+            second.err
+        )
+        assert "give this run a node root of its own (--node-root)" in second.err
+        assert "must not run" not in second.out
+        assert [p.name for p in (agent.store / "jobs").iterdir()] == ["first01.json"]
+    finally:
+        assert finish(first, 30, agent) == 0, agent.output()
+    again = agent.run_job(job_with(start_commands=["echo ran"]))
+    assert again.code == 0 and again.out == "ran\n", again.text
 
 
 def test_the_code_dirs_ignore_file_is_honoured(agent: Agent) -> None:

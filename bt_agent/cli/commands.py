@@ -22,6 +22,7 @@ from bt_agent.settings import CONFIG_PYTHON_VARIABLE, CONTEXT_VARIABLES, SPEC_VA
 from bt_agent.spec.checks import shell_drops
 from bt_agent.spec.loader import load
 from bt_agent.storage import open_store
+from bt_agent.supervisor.claim import node_lock
 from bt_agent.supervisor.job import JobRunner
 from bt_agent.supervisor.plan import JobPlan
 
@@ -76,7 +77,7 @@ def _code_dir(args: argparse.Namespace, spec_dir: Path | None, context: NodeCont
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     plan = _plan(args, Environ.current())
-    with open_store(plan.context.store_url) as store:
+    with node_lock(plan.context), open_store(plan.context.store_url) as store:
         return JobRunner(plan, Catalog(store), out, err).run()
 
 

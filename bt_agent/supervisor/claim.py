@@ -1,4 +1,12 @@
-"""One agent per job id and node rank: a claim in the store, written before anything else.
+"""One run per node's directories, and one agent per job id and node rank.
+
+Two runs on one node root (two local experiments started with the same ``--node-root``, or two
+agents in one container) would share the working, checkpoint and scratch dirs: each one's
+sidecar would upload the other's checkpoints as its own. The first run holds a lock on a file
+of the agent's state dir for as long as it runs (:func:`node_lock`; the kernel lets go of it
+when the process ends, however it ends); a second is refused with exit 2 before it writes
+anything.
+
 
 Two agents run as the same node of a job (an operator's mistake: the same ``--job-id`` and
 ``--node-rank`` twice) would write one node record, one log and one set of manifests over each
@@ -13,7 +21,9 @@ when the job ends.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+from collections.abc import Iterator
 
 from bt_agent.catalog import Catalog
 from bt_agent.context import NodeContext
@@ -76,3 +86,29 @@ class NodeClaim:
             self.token_path.parent.mkdir(parents=True, exist_ok=True)
             self.token_path.write_text(self._token + "\n")
         return self._token
+
+
+@contextlib.contextmanager
+def node_lock(context: NodeContext) -> Iterator[None]:
+    """This node's directories to this run alone while the block runs; :class:`UsageError`
+    naming the run that holds them where another does."""
+    path = context.layout.host(f"{AGENT_STATE_DIR}/run.lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held = os.pread(fd, 256, 0).decode(errors="replace").strip() or "a run"
+            root = context.layout.node_root
+            where = f"the node root {root}" if root else "this container's job directories"
+            raise UsageError(
+                f"{where} is in use by {held}: two jobs there would share the working, "
+                "checkpoint and scratch dirs (each would upload the other's checkpoints); give "
+                "this run a node root of its own (--node-root), or wait for that one to end"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"job {context.job_id} (pid {os.getpid()})\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
