@@ -307,6 +307,11 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
     "s3-revision": (weights(source="s3://bucket/path@v1"), "weights[0].source"),
     "azure-no-container": (weights(source="azure://account"), "weights[0].source"),
     "r2-no-account": (weights(source="r2://bucket/path"), "weights[0].source"),
+    "s3-bucket-with-space": (weights(source="s3://my bucket/path"), "weights[0].source"),
+    "azure-container-with-space": (
+        weights(source="azure://acct/my container/p"),
+        "weights[0].source",
+    ),
     "hf-empty": (weights(source="hf://"), "weights[0].source"),
     "https-empty": (weights(source="https://"), "weights[0].source"),
     "source-empty": (weights(source=""), "weights[0].source"),
@@ -426,4 +431,6 @@ OURS_ONLY = {
     "duplicate-named-reference",
     "azure-no-container",
     "r2-no-account",
+    "s3-bucket-with-space",
+    "azure-container-with-space",
 }

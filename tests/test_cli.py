@@ -247,6 +247,11 @@ def test_bad_node_context_lists_every_problem(agent: Agent) -> None:
             "absolute path after file:// (file:///srv/bt)",
         ),
         ("hf://org/model", "unsupported store URL 'hf://org/model'; use file:///path"),
+        (
+            "s3://my bucket/bt",
+            "the store URL 's3://my bucket/bt' names 'my bucket', which no bucket can be named; "
+            "only letters, digits, '.', '-' and '_'",
+        ),
     ],
 )
 @pytest.mark.parametrize("command", ["run", "jobs"])

@@ -36,6 +36,7 @@ from bt_agent.errors import (
     StoreError,
     TransientStoreError,
     UnsafeKeyError,
+    UsageError,
 )
 from bt_agent.settings import Environ
 from bt_agent.storage import ObjectStore, open_store
@@ -1137,6 +1138,9 @@ def test_open_store_urls() -> None:
     for bad in ("r2://nodot/x", "ftp://host/x"):
         with pytest.raises(Exception, match="URL"):
             open_store(bad, Environ({}))
+    for spaced in ("s3://a b/x", "azure://acct/a b/x", "gs://a?b/x"):  # the engine would panic
+        with pytest.raises(UsageError, match="no bucket can be named"):
+            open_store(spaced, environ)
 
 
 def test_part_size_keeps_huge_files_under_10000_parts() -> None:

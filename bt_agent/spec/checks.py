@@ -16,9 +16,11 @@ from bt_agent.errors import Problem
 from bt_agent.settings import AGENT_STATE_DIR, NODE_CACHE_CONTAINER_DIR
 from bt_agent.spec.bt_uri import checkpoint_name_problem
 from bt_agent.spec.models import (
+    BUCKET_RULE,
     LoopsCheckpoint,
     NamedCheckpoint,
     TrainingJob,
+    misnamed_bucket,
 )
 from bt_agent.spec.schema import join, valid_text
 
@@ -26,6 +28,8 @@ SCRATCH_DIR = "/mnt/bt-scratch"
 WORKING_DIR = "/b10/workspace"
 RESERVED_ROOTS = ("/proc", "/sys", "/dev", "/etc", "/bin", "/sbin", "/usr", "/lib", "/lib64")
 AGENT_DIRS = (AGENT_STATE_DIR, posixpath.dirname(NODE_CACHE_CONTAINER_DIR))
+#: How a source of each object store with more than a bucket in its host is written.
+_FORMS = {"azure": "azure://<account>/<container>/path", "r2": "r2://<account_id>.<bucket>/path"}
 #: A name a POSIX shell can ``export``, and passes on to what it runs.
 SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -222,20 +226,22 @@ def _mount_problems(job: TrainingJob, dirs: list[_Dir]) -> list[Problem]:
 
 
 def _source_problems(job: TrainingJob) -> list[Problem]:
-    """Sources whose URL lacks a part its store needs to be reached (the SDK takes any path):
-    an Azure container, an R2 account id."""
+    """Sources whose URL lacks a part its store needs to be reached (the SDK takes any path),
+    an Azure container, an R2 account id, or names one that no bucket can have."""
     problems: list[Problem] = []
     for i, weights in enumerate(job.weights):
         scheme, _, rest = weights.source.partition("://")
         host, _, path = rest.partition("/")
+        form = _FORMS.get(scheme, f"{scheme}://<bucket>/path")
+        what = None
         if scheme == "azure" and not path.partition("/")[0]:
-            form = "azure://<account>/<container>/path"
-            problems.append(_source_problem(i, weights.source, "names no container", form))
+            what = "names no container"
         elif scheme == "r2" and not all(host.partition(".")[::2]):
-            form = "r2://<account_id>.<bucket>/path"
-            problems.append(
-                _source_problem(i, weights.source, "lacks its account id or bucket", form)
-            )
+            what = "lacks its account id or bucket"
+        elif (name := misnamed_bucket(weights.source)) is not None:
+            what = f"names {name!r}, which no bucket can be named ({BUCKET_RULE})"
+        if what is not None:
+            problems.append(_source_problem(i, weights.source, what, form))
     return problems
 
 

@@ -12,6 +12,7 @@ resolved in ``bt_agent.secrets``.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import MISSING, dataclass, field
 from typing import Any
 
@@ -21,6 +22,10 @@ from bt_agent.spec.bt_uri import SCHEME as BT_SCHEME
 from bt_agent.spec.bt_uri import BadCheckpointURI, parse_checkpoint_uri
 
 CLOUD_SCHEMES = ("s3://", "gs://", "azure://", "r2://", "cw://")
+#: What names a bucket (an Azure account, a container): whitespace or a URL's reserved
+#: characters there reach no store.
+BUCKET_NAME = re.compile(r"[A-Za-z0-9._-]+\Z")
+BUCKET_RULE = "only letters, digits, '.', '-' and '_'"
 SUPPORTED_SCHEMES = (*CLOUD_SCHEMES, "hf://", "https://", BT_SCHEME)  # bt:// is ours
 DEFAULT_CHECKPOINT_DIR = "/mnt/ckpts"  # ours: the docs name /tmp/training_checkpoints too
 DEFAULT_LOAD_DIR = "/tmp/loaded_checkpoints"
@@ -361,6 +366,17 @@ def _source_rule(value: str) -> tuple[str, str] | None:
             f"remove the @... suffix: {name} has no revisions",
         )
     return None
+
+
+def misnamed_bucket(url: str) -> str | None:
+    """The name in an object store's ``url`` (its bucket; an Azure account or container)
+    that no bucket can have, if there is one."""
+    scheme, _, rest = url.partition("://")
+    if f"{scheme}://" not in CLOUD_SCHEMES:
+        return None
+    host, _, path = rest.partition("/")
+    names = [host, path.partition("/")[0]] if scheme == "azure" else [host]
+    return next((name for name in names if name and not BUCKET_NAME.match(name)), None)
 
 
 def _absolute_rule(value: str) -> tuple[str, str] | None:
