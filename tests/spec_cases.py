@@ -312,6 +312,7 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
         weights(source="azure://acct/my container/p"),
         "weights[0].source",
     ),
+    "hf-path-inside-the-repo": (weights(source="hf://org/model/sub@main"), "weights[0].source"),
     "hf-empty": (weights(source="hf://"), "weights[0].source"),
     "https-empty": (weights(source="https://"), "weights[0].source"),
     "source-empty": (weights(source=""), "weights[0].source"),
@@ -433,4 +434,5 @@ OURS_ONLY = {
     "r2-no-account",
     "s3-bucket-with-space",
     "azure-container-with-space",
+    "hf-path-inside-the-repo",
 }

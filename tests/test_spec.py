@@ -37,6 +37,37 @@ def test_invalid_spec_reports_its_field(tmp_path: Path, name: str) -> None:
     assert all(p.hint for p in caught.value.problems), "every problem says how to fix it"
 
 
+@pytest.mark.parametrize(
+    ("source", "said", "hint"),
+    [
+        (
+            "hf://org/model/unet@v1",
+            "names a path inside the repository ('unet')",
+            "write it as hf://org/model@v1 with allow_patterns ['unet/**']",
+        ),
+        (
+            "hf://datasets/org/data/train",
+            "names a path inside the repository ('train')",
+            "write it as hf://datasets/org/data with allow_patterns ['train/**']",
+        ),
+        (
+            "azure://acct/my container/p",
+            "names 'my container', which no bucket can be named",
+            "write it as azure://<account>/<container>/path",
+        ),
+    ],
+)
+def test_a_source_the_store_cannot_read_says_how_to_write_it(
+    tmp_path: Path, source: str, said: str, hint: str
+) -> None:
+    data = job(weights=[{"source": source, "mount_location": "/m"}])
+    with pytest.raises(SpecError) as caught:
+        _load_json(tmp_path, data)
+    (problem,) = caught.value.problems
+    assert problem.path == "weights[0].source"
+    assert said in problem.message and problem.hint == hint, problem
+
+
 def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
     data = job(
         compute={"node_count": "2"},

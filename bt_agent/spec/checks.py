@@ -240,9 +240,24 @@ def _source_problems(job: TrainingJob) -> list[Problem]:
             what = "lacks its account id or bucket"
         elif (name := misnamed_bucket(weights.source)) is not None:
             what = f"names {name!r}, which no bucket can be named ({BUCKET_RULE})"
+        elif scheme == "hf" and (inside := _hf_path(rest)) is not None:
+            repository, path = inside
+            what = f"names a path inside the repository ({path!r})"
+            form = f"hf://{repository} with allow_patterns ['{path}/**']"
         if what is not None:
             problems.append(_source_problem(i, weights.source, what, form))
     return problems
+
+
+def _hf_path(rest: str) -> tuple[str, str] | None:
+    """The repository (with its revision) and the path inside it that an ``hf://`` source
+    names after ``owner/repo`` (``datasets/owner/repo``), if it names one."""
+    named, at, revision = rest.partition("@")
+    parts = named.strip("/").split("/")
+    keep = 3 if parts[0] == "datasets" else 2
+    if len(parts) <= keep:
+        return None
+    return "/".join(parts[:keep]) + at + revision, "/".join(parts[keep:])
 
 
 def _source_problem(index: int, source: str, what: str, form: str) -> Problem:

@@ -74,6 +74,8 @@ class HFStore(ObjectStore):
         from huggingface_hub import errors as hx
 
         uri = self.uri(key)
+        if isinstance(exc, hx.HFValidationError):  # a repository id the Hub cannot have
+            return StoreError(f"{uri}: {exc}", uri)
         if isinstance(exc, hx.RevisionNotFoundError):
             return NotFoundError(
                 f"{uri}: no revision {self.revision!r} in {self.repo_id}; "
