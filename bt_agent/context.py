@@ -29,7 +29,7 @@ from bt_agent.settings import (
     Environ,
     parse_size,
 )
-from bt_agent.spec.models import BUCKET_RULE, misnamed_bucket
+from bt_agent.spec.models import unreadable_url
 
 DEFAULT_GRACE_SECONDS = 30.0
 DEFAULT_SECRETS_DIR = "/secrets"
@@ -281,9 +281,8 @@ def store_url(value: str | None, environ: Environ, where: str) -> tuple[str, Pro
         return value, Problem(where, problem, hint)
     if parsed.scheme != "file" and not parsed.netloc:
         return value, Problem(where, f"the store URL {value!r} names no bucket", STORE_FORMS)
-    if (name := misnamed_bucket(value)) is not None:
-        problem = f"the store URL {value!r} names {name!r}, which no bucket can be named"
-        return value, Problem(where, problem, f"{BUCKET_RULE}; {STORE_FORMS}")
+    if (why := unreadable_url(value)) is not None:
+        return value, Problem(where, f"the store URL {value!r} {why}", STORE_FORMS)
     return value, None
 
 

@@ -313,6 +313,8 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
         "weights[0].source",
     ),
     "hf-path-inside-the-repo": (weights(source="hf://org/model/sub@main"), "weights[0].source"),
+    "s3-path-climbs": (weights(source="s3://bucket/a/../b"), "weights[0].source"),
+    "https-no-host": (weights(source="https://a b/x"), "weights[0].source"),
     "hf-empty": (weights(source="hf://"), "weights[0].source"),
     "https-empty": (weights(source="https://"), "weights[0].source"),
     "source-empty": (weights(source=""), "weights[0].source"),
@@ -435,4 +437,6 @@ OURS_ONLY = {
     "s3-bucket-with-space",
     "azure-container-with-space",
     "hf-path-inside-the-repo",
+    "s3-path-climbs",
+    "https-no-host",
 }

@@ -249,8 +249,12 @@ def test_bad_node_context_lists_every_problem(agent: Agent) -> None:
         ("hf://org/model", "unsupported store URL 'hf://org/model'; use file:///path"),
         (
             "s3://my bucket/bt",
-            "the store URL 's3://my bucket/bt' names 'my bucket', which no bucket can be named; "
-            "only letters, digits, '.', '-' and '_'",
+            "the store URL 's3://my bucket/bt' names 'my bucket', which no bucket can be named "
+            "(only letters, digits, '.', '-' and '_'); use file:///path",
+        ),
+        (
+            "s3://bucket/a/../bt",
+            "the store URL 's3://bucket/a/../bt' has a '.' or '..' segment in its path",
         ),
     ],
 )

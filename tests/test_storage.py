@@ -1138,9 +1138,20 @@ def test_open_store_urls() -> None:
     for bad in ("r2://nodot/x", "ftp://host/x"):
         with pytest.raises(Exception, match="URL"):
             open_store(bad, Environ({}))
-    for spaced in ("s3://a b/x", "azure://acct/a b/x", "gs://a?b/x"):  # the engine would panic
-        with pytest.raises(UsageError, match="no bucket can be named"):
-            open_store(spaced, environ)
+    unreadable = {  # each a panic of the engine, or an exception of no store's, when opened
+        "s3://a b/x": "which no bucket can be named",
+        "azure://acct/a b/x": "which no bucket can be named",
+        "gs://a?b/x": "which no bucket can be named",
+        "s3://b/x/../y": "has a '.' or '..' segment in its path",
+        "s3://b/x\0y": "has a control character ('\\x00') in its path",
+        "https://[::1/x": "is no URL of a host",
+        "https://a b/x": "is no URL of a host",
+    }
+    for url, why in unreadable.items():
+        with pytest.raises(UsageError) as refused:
+            open_store(url, environ)
+        assert str(refused.value).startswith(f"invalid URL: {url!r} "), refused.value
+        assert why in str(refused.value)
 
 
 def test_part_size_keeps_huge_files_under_10000_parts() -> None:

@@ -16,11 +16,10 @@ from bt_agent.errors import Problem
 from bt_agent.settings import AGENT_STATE_DIR, NODE_CACHE_CONTAINER_DIR
 from bt_agent.spec.bt_uri import checkpoint_name_problem
 from bt_agent.spec.models import (
-    BUCKET_RULE,
     LoopsCheckpoint,
     NamedCheckpoint,
     TrainingJob,
-    misnamed_bucket,
+    unreadable_url,
 )
 from bt_agent.spec.schema import join, valid_text
 
@@ -233,13 +232,15 @@ def _source_problems(job: TrainingJob) -> list[Problem]:
         scheme, _, rest = weights.source.partition("://")
         host, _, path = rest.partition("/")
         form = _FORMS.get(scheme, f"{scheme}://<bucket>/path")
+        if scheme == "https":
+            form = "https://hostname/path"
         what = None
         if scheme == "azure" and not path.partition("/")[0]:
             what = "names no container"
         elif scheme == "r2" and not all(host.partition(".")[::2]):
             what = "lacks its account id or bucket"
-        elif (name := misnamed_bucket(weights.source)) is not None:
-            what = f"names {name!r}, which no bucket can be named ({BUCKET_RULE})"
+        elif (why := unreadable_url(weights.source)) is not None:
+            what = why
         elif scheme == "hf" and (inside := _hf_path(rest)) is not None:
             repository, path = inside
             what = f"names a path inside the repository ({path!r})"

@@ -15,6 +15,7 @@ import enum
 import re
 from dataclasses import MISSING, dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from bt_agent.errors import Problem
 from bt_agent.spec import schema as s
@@ -26,6 +27,8 @@ CLOUD_SCHEMES = ("s3://", "gs://", "azure://", "r2://", "cw://")
 #: characters there reach no store.
 BUCKET_NAME = re.compile(r"[A-Za-z0-9._-]+\Z")
 BUCKET_RULE = "only letters, digits, '.', '-' and '_'"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_SPACE = re.compile(r"\s")
 SUPPORTED_SCHEMES = (*CLOUD_SCHEMES, "hf://", "https://", BT_SCHEME)  # bt:// is ours
 DEFAULT_CHECKPOINT_DIR = "/mnt/ckpts"  # ours: the docs name /tmp/training_checkpoints too
 DEFAULT_LOAD_DIR = "/tmp/loaded_checkpoints"
@@ -368,15 +371,29 @@ def _source_rule(value: str) -> tuple[str, str] | None:
     return None
 
 
-def misnamed_bucket(url: str) -> str | None:
-    """The name in an object store's ``url`` (its bucket; an Azure account or container)
-    that no bucket can have, if there is one."""
+def unreadable_url(url: str) -> str | None:
+    """Why no store can read ``url``, where that is so: an object store's bucket (an Azure
+    account or container) named as none can be, a path with a ``.`` or ``..`` segment or a
+    control character, which no object's name can hold, or an ``https://`` URL of no host."""
     scheme, _, rest = url.partition("://")
+    if scheme == "https":
+        try:
+            parts = urlsplit(url)
+            host = parts.hostname
+        except ValueError:
+            host = None
+        return None if host and not _SPACE.search(url) else "is no URL of a host"
     if f"{scheme}://" not in CLOUD_SCHEMES:
         return None
     host, _, path = rest.partition("/")
     names = [host, path.partition("/")[0]] if scheme == "azure" else [host]
-    return next((name for name in names if name and not BUCKET_NAME.match(name)), None)
+    if misnamed := next((name for name in names if name and not BUCKET_NAME.match(name)), None):
+        return f"names {misnamed!r}, which no bucket can be named ({BUCKET_RULE})"
+    if {".", ".."} & set(path.split("/")):
+        return "has a '.' or '..' segment in its path, which no object's name can hold"
+    if control := _CONTROL.search(path):
+        return f"has a control character ({control.group(0)!r}) in its path"
+    return None
 
 
 def _absolute_rule(value: str) -> tuple[str, str] | None:

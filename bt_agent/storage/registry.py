@@ -7,7 +7,7 @@ from urllib.parse import unquote, urlparse
 
 from bt_agent.errors import UsageError
 from bt_agent.settings import Environ
-from bt_agent.spec.models import BUCKET_RULE, misnamed_bucket
+from bt_agent.spec.models import unreadable_url
 from bt_agent.storage.base import ObjectStore
 from bt_agent.storage.credentials import (
     AzureCredentials,
@@ -39,8 +39,8 @@ def open_store(
     ``gs://``, ``azure://``, ``hf://`` (read-only), ``http(s)://`` (read-only). ``secret`` is the
     content of the secret the spec names, in the format of REFERENCE.md §5."""
     environ = environ or Environ.current()
-    if (name := misnamed_bucket(url)) is not None:
-        raise UsageError(f"invalid URL {url!r}: no bucket can be named {name!r} ({BUCKET_RULE})")
+    if (why := unreadable_url(url)) is not None:
+        raise UsageError(f"invalid URL: {url!r} {why}")
     parsed = urlparse(url)
     scheme = parsed.scheme
     if scheme == "file":
