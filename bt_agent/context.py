@@ -46,6 +46,15 @@ TUNABLES = (
     (UPLOAD_WORKERS_VARIABLE, True),
 )
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+#: How job ids and project names are written (they name the store's directories).
+STORE_NAME_RULE = "letters, digits, '.', '_' and '-' (128 at most)"
+
+
+def is_store_name(value: str) -> bool:
+    """Whether ``value`` can be a job id or a project name (it names a store directory)."""
+    return bool(_SAFE_NAME.match(value))
+
+
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 
 
@@ -156,13 +165,9 @@ class _Resolver:
         value, where = self.raw(name)
         if value is None:
             return default
-        if not _SAFE_NAME.match(value):
+        if not is_store_name(value):
             self.problems.append(
-                Problem(
-                    where,
-                    f"{value!r} cannot name a store directory",
-                    "use letters, digits, '.', '_' and '-' (128 at most)",
-                )
+                Problem(where, f"{value!r} cannot name a store directory", f"use {STORE_NAME_RULE}")
             )
         return value
 

@@ -277,6 +277,27 @@ def test_a_store_url_that_names_no_store_is_refused(
     assert not agent.store.exists()
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("jobs", "view", "../x"),
+        ("jobs", "logs", "a/b"),
+        ("jobs", "list", "--project", "../p"),
+        ("checkpoints", "list", "--job-id", "../../x"),
+        ("checkpoints", "list", "--project", "a/b", "-o", "json"),
+    ],
+)
+def test_a_job_id_or_project_that_names_no_store_directory_is_a_usage_error(
+    agent: Agent, args: tuple[str, ...]
+) -> None:
+    """Where the store would have refused the key (``refusing object key 'jobs/../x.json'``)
+    or found nothing, the argument is refused, named, with how ids and names are written."""
+    result = agent(*args, "--store", str(agent.store))
+    assert result.code == 2, result.text
+    assert "names no job or project: they are named with letters, digits" in result.err
+    assert "refusing object key" not in result.err
+
+
 def test_tunables_that_are_no_number_are_refused_before_the_job_starts(agent: Agent) -> None:
     """A drain of ``10m``, no upload workers, a negative outage, a quiet time of ``nan``: each
     named, all at once, exit 2, nothing created (each was taken as unset, without a word: a

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from bt_agent import __version__
+from bt_agent.context import STORE_NAME_RULE, is_store_name
 from bt_agent.errors import BtAgentError, SpecError
 
 DEFAULT_LIMIT = 50  # rows of a listing unless --limit or --all
@@ -59,6 +60,15 @@ def _add_spec(parser: argparse.ArgumentParser) -> None:
 
 def _add_store(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", metavar="URL", help="store URL [$BT_STORE_URL]")
+
+
+def _store_name(value: str) -> str:
+    """A job id or project name as the store's directories are named, else argparse's error."""
+    if not is_store_name(value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} names no job or project: they are named with {STORE_NAME_RULE}"
+        )
+    return value
 
 
 def _add_node_root(parser: argparse.ArgumentParser) -> None:
@@ -189,15 +199,15 @@ def build_parser() -> argparse.ArgumentParser:
     jobs_commands = jobs.add_subparsers(dest="jobs_command", metavar="SUBCOMMAND", required=True)
     listing = jobs_commands.add_parser("list", help="jobs, newest first")
     _add_store(listing)
-    listing.add_argument("--project", help="only this project's jobs")
+    listing.add_argument("--project", type=_store_name, help="only this project's jobs")
     _add_limit(listing, "jobs")
     _add_format(listing, listing=True)
     view = jobs_commands.add_parser("view", help="one job with every node's record")
-    view.add_argument("job_id")
+    view.add_argument("job_id", type=_store_name)
     _add_store(view)
     _add_format(view)
     logs = jobs_commands.add_parser("logs", help="a node's saved output")
-    logs.add_argument("job_id")
+    logs.add_argument("job_id", type=_store_name)
     logs.add_argument("--node", type=int, default=0, help="node rank (default 0)")
     logs.add_argument(
         "-f",
@@ -231,8 +241,8 @@ def _add_checkpoint_browsing(commands: Any) -> None:
         "model are detected from the files. On a terminal, without -o or --no-interactive, "
         "this opens the checkpoint browser (as `checkpoints browse` does).",
     )
-    listing.add_argument("--project", help="only this project's jobs")
-    listing.add_argument("--job-id", help="only this job's checkpoints")
+    listing.add_argument("--project", type=_store_name, help="only this project's jobs")
+    listing.add_argument("--job-id", type=_store_name, help="only this job's checkpoints")
     _add_limit(listing, "checkpoints")
     listing.add_argument(
         "--sort",
@@ -254,13 +264,13 @@ def _add_checkpoint_browsing(commands: Any) -> None:
         "the store URL, d downloads the checkpoint into ./<job>/rank-<N>/<checkpoint>, Escape "
         "goes back, q quits. Needs a terminal.",
     )
-    browse.add_argument("--project", help="only this project's jobs")
-    browse.add_argument("--job-id", help="only this job's checkpoints")
+    browse.add_argument("--project", type=_store_name, help="only this project's jobs")
+    browse.add_argument("--job-id", type=_store_name, help="only this job's checkpoints")
     _add_store(browse)
     files = commands.add_parser(
         "files", help="a job's checkpoint files: path, node, size, sha256, store URL"
     )
-    files.add_argument("--job-id", required=True)
+    files.add_argument("--job-id", type=_store_name, required=True)
     files.add_argument("--checkpoint", help="only this checkpoint (default: all)")
     inspect = commands.add_parser(
         "inspect",
@@ -269,7 +279,7 @@ def _add_checkpoint_browsing(commands: Any) -> None:
         ".safetensors files (or of FILE), read from the header alone: two small ranged reads "
         "per file, whatever its size, from any store.",
     )
-    inspect.add_argument("--job-id", required=True)
+    inspect.add_argument("--job-id", type=_store_name, required=True)
     inspect.add_argument("--checkpoint", required=True)
     inspect.add_argument("--node", type=int, default=0, help="node rank (default 0)")
     inspect.add_argument(
