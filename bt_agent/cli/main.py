@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from bt_agent import __version__
-from bt_agent.context import STORE_NAME_RULE, is_store_name
 from bt_agent.errors import BtAgentError, SpecError
 
 DEFAULT_LIMIT = 50  # rows of a listing unless --limit or --all
@@ -64,6 +63,8 @@ def _add_store(parser: argparse.ArgumentParser) -> None:
 
 def _store_name(value: str) -> str:
     """A job id or project name as the store's directories are named, else argparse's error."""
+    from bt_agent.context import STORE_NAME_RULE, is_store_name  # not on every command's path
+
     if not is_store_name(value):
         raise argparse.ArgumentTypeError(
             f"{value!r} names no job or project: they are named with {STORE_NAME_RULE}"
