@@ -29,7 +29,7 @@ from bt_agent.settings import (
     Environ,
     parse_size,
 )
-from bt_agent.spec.models import unreadable_url
+from bt_agent.spec.urls import unreadable_url
 
 DEFAULT_GRACE_SECONDS = 30.0
 DEFAULT_SECRETS_DIR = "/secrets"

@@ -19,9 +19,9 @@ from bt_agent.spec.models import (
     LoopsCheckpoint,
     NamedCheckpoint,
     TrainingJob,
-    unreadable_url,
 )
 from bt_agent.spec.schema import join, valid_text
+from bt_agent.spec.urls import unreadable_url
 
 SCRATCH_DIR = "/mnt/bt-scratch"
 WORKING_DIR = "/b10/workspace"

@@ -12,23 +12,15 @@ resolved in ``bt_agent.secrets``.
 from __future__ import annotations
 
 import enum
-import re
 from dataclasses import MISSING, dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 from bt_agent.errors import Problem
 from bt_agent.spec import schema as s
 from bt_agent.spec.bt_uri import SCHEME as BT_SCHEME
 from bt_agent.spec.bt_uri import BadCheckpointURI, parse_checkpoint_uri
+from bt_agent.spec.urls import CLOUD_SCHEMES
 
-CLOUD_SCHEMES = ("s3://", "gs://", "azure://", "r2://", "cw://")
-#: What names a bucket (an Azure account, a container): whitespace or a URL's reserved
-#: characters there reach no store.
-BUCKET_NAME = re.compile(r"[A-Za-z0-9._-]+\Z")
-BUCKET_RULE = "only letters, digits, '.', '-' and '_'"
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_SPACE = re.compile(r"\s")
 SUPPORTED_SCHEMES = (*CLOUD_SCHEMES, "hf://", "https://", BT_SCHEME)  # bt:// is ours
 DEFAULT_CHECKPOINT_DIR = "/mnt/ckpts"  # ours: the docs name /tmp/training_checkpoints too
 DEFAULT_LOAD_DIR = "/tmp/loaded_checkpoints"
@@ -368,31 +360,6 @@ def _source_rule(value: str) -> tuple[str, str] | None:
             "the @ revision syntax is only valid for HuggingFace sources (hf://)",
             f"remove the @... suffix: {name} has no revisions",
         )
-    return None
-
-
-def unreadable_url(url: str) -> str | None:
-    """Why no store can read ``url``, where that is so: an object store's bucket (an Azure
-    account or container) named as none can be, a path with a ``.`` or ``..`` segment or a
-    control character, which no object's name can hold, or an ``https://`` URL of no host."""
-    scheme, _, rest = url.partition("://")
-    if scheme == "https":
-        try:
-            parts = urlsplit(url)
-            host = parts.hostname
-        except ValueError:
-            host = None
-        return None if host and not _SPACE.search(url) else "is no URL of a host"
-    if f"{scheme}://" not in CLOUD_SCHEMES:
-        return None
-    host, _, path = rest.partition("/")
-    names = [host, path.partition("/")[0]] if scheme == "azure" else [host]
-    if misnamed := next((name for name in names if name and not BUCKET_NAME.match(name)), None):
-        return f"names {misnamed!r}, which no bucket can be named ({BUCKET_RULE})"
-    if {".", ".."} & set(path.split("/")):
-        return "has a '.' or '..' segment in its path, which no object's name can hold"
-    if control := _CONTROL.search(path):
-        return f"has a control character ({control.group(0)!r}) in its path"
     return None
 
 

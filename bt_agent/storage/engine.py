@@ -37,6 +37,7 @@ from bt_agent.errors import (
     StoreError,
     TransientStoreError,
 )
+from bt_agent.spec.urls import CONTROL
 from bt_agent.storage.base import (
     Fetched,
     Finished,
@@ -92,7 +93,6 @@ _CAUSE = re.compile(r'(?:message|error): "([^"]+)"')
 #: expired, a credential_process that failed), as the engine reports it.
 _PROVIDER_FAILED = re.compile(r"credential provider: (\w+): ([^\n]+)")
 _NO_CONTAINER = re.compile(r"<Code>(NoSuchBucket|ContainerNotFound)</Code>")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # what the engine refuses in a name
 #: An object whose name the engine cannot take (a control character, an empty segment).
 _UNREADABLE_NAME = re.compile(r'Error parsing Path "(.*?)": ([^\n]*)', re.S)
 _RETRYABLE = re.compile(r"SlowDown|RequestTimeout|InternalError|ServiceUnavailable|Throttl|Busy")
@@ -324,7 +324,7 @@ class EngineStore(ObjectStore):
     def _key(self, key: str) -> str:
         """The engine's name of ``key``; :class:`KeyRefusedError` for one it cannot send (a
         control character in it: a tab, a line break)."""
-        if control := _CONTROL.search(key):
+        if control := CONTROL.search(key):
             raise KeyRefusedError(
                 f"refusing object key {key!r}: it holds a control character "
                 f"({control.group(0)!r}), which no name in {self.uri()} may hold; rename the file",
@@ -354,7 +354,7 @@ class EngineStore(ObjectStore):
             )
         if unreadable := _UNREADABLE_NAME.search(text):  # in a listing: no retry can read it
             name, why = unreadable.groups()
-            why = _CONTROL.sub(lambda found: repr(found.group(0)).strip("'"), why)
+            why = CONTROL.sub(lambda found: repr(found.group(0)).strip("'"), why)
             return StoreError(
                 f"{uri}: the engine cannot read the name of the object {name!r} there ({why}); "
                 f"rename it, or move it from under {self.url}",

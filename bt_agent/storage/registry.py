@@ -7,7 +7,7 @@ from urllib.parse import unquote, urlparse
 
 from bt_agent.errors import UsageError
 from bt_agent.settings import Environ
-from bt_agent.spec.models import unreadable_url
+from bt_agent.spec.urls import unreadable_url
 from bt_agent.storage.base import ObjectStore
 from bt_agent.storage.credentials import (
     AzureCredentials,
