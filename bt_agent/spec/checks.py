@@ -27,8 +27,12 @@ SCRATCH_DIR = "/mnt/bt-scratch"
 WORKING_DIR = "/b10/workspace"
 RESERVED_ROOTS = ("/proc", "/sys", "/dev", "/etc", "/bin", "/sbin", "/usr", "/lib", "/lib64")
 AGENT_DIRS = (AGENT_STATE_DIR, posixpath.dirname(NODE_CACHE_CONTAINER_DIR))
-#: How a source of each object store with more than a bucket in its host is written.
-_FORMS = {"azure": "azure://<account>/<container>/path", "r2": "r2://<account_id>.<bucket>/path"}
+#: How a source is written where it is not ``<scheme>://<bucket>/path``.
+_FORMS = {
+    "azure": "azure://<account>/<container>/path",
+    "r2": "r2://<account_id>.<bucket>/path",
+    "https": "https://hostname/path",
+}
 #: A name a POSIX shell can ``export``, and passes on to what it runs.
 SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -232,8 +236,6 @@ def _source_problems(job: TrainingJob) -> list[Problem]:
         scheme, _, rest = weights.source.partition("://")
         host, _, path = rest.partition("/")
         form = _FORMS.get(scheme, f"{scheme}://<bucket>/path")
-        if scheme == "https":
-            form = "https://hostname/path"
         what = None
         if scheme == "azure" and not path.partition("/")[0]:
             what = "names no container"
