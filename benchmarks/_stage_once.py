@@ -1,9 +1,15 @@
 """One staging run for benchmarks/staging.py, timed inside the process (after imports), so the
-figure is the DEPLOYING phase itself. Usage: _stage_once.py SPEC NODE_ROOT -> prints seconds
-and the process's peak RSS."""
+figure is the DEPLOYING phase itself. As ``bt-agent stage`` does, it starts the seeding of the
+engine's TLS random generator before its imports. Usage: _stage_once.py SPEC NODE_ROOT -> prints
+seconds and the process's peak RSS."""
 
 from __future__ import annotations
 
+from bt_agent.storage.tls_seed import seed_in_background
+
+seed_in_background()
+
+# ruff: noqa: E402  (the imports below load while the seeding goes on, as in the agent)
 import io
 import json
 import sys

@@ -16,6 +16,9 @@ from bt_agent import __version__
 from bt_agent.errors import BtAgentError, SpecError
 
 DEFAULT_LIMIT = 50  # rows of a listing unless --limit or --all
+#: The commands that stage weights and checkpoints: their first https request would wait for
+#: the engine to seed its TLS random generator, which they start while their modules load.
+SEEDING_COMMANDS = ("run", "stage")
 
 EPILOG = """\
 spec: a job JSON file ({"training_job": {...}} or a bare TrainingJob), a config.py that
@@ -298,6 +301,7 @@ Handler = Callable[[argparse.Namespace, TextIO, TextIO], int]
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the console script: runs a command and exits with its code."""
+    _seed_tls(sys.argv[1:] if argv is None else argv)
     gc.disable()  # what start-up makes, modules and classes, lives as long as the process:
     handlers = _handlers()
     gc.freeze()  # no collection walks it again, the last ones at exit included
@@ -314,6 +318,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     except KeyboardInterrupt:
         code = 130
     sys.exit(code)
+
+
+def _seed_tls(argv: Sequence[str]) -> None:
+    """For a command of :data:`SEEDING_COMMANDS` whose words name an object store, the engine's
+    TLS random generator seeded on a thread while the command's modules load
+    (:mod:`bt_agent.storage.tls_seed`)."""
+    if _command(argv) not in SEEDING_COMMANDS:
+        return
+    from bt_agent.settings import CONTEXT_VARIABLES, SPEC_VARIABLE, Environ
+    from bt_agent.storage import tls_seed
+
+    environ = Environ.current()
+    variables = [environ.get(name) or "" for name in (SPEC_VARIABLE, CONTEXT_VARIABLES["store"])]
+    if tls_seed.names_an_object_store([*argv, *variables]):
+        tls_seed.seed_in_background()
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names, before it is parsed: its first word that is no option."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
 def _handlers() -> dict[str, Handler]:

@@ -1,0 +1,99 @@
+"""The engine's TLS random generator seeded while the agent starts: through a connection to a
+socket of the agent's own, which the engine opens with a real TLS message and nothing else
+sees; started by the commands that stage, only where an object store is named."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from bt_agent.cli import main as cli
+from bt_agent.storage import tls_seed
+
+
+def _seed_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("bt-tls-seed")]
+
+
+def test_the_engine_writes_its_first_tls_message_to_our_socket_and_the_seeding_ends() -> None:
+    assert tls_seed.seed() is True
+    deadline = time.monotonic() + tls_seed.WAIT_SECONDS
+    while _seed_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _seed_threads() == [], "the engine's request outlived the socket it was sent to"
+
+
+def test_the_seeding_goes_direct_whatever_proxy_the_environment_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with socket.socket() as proxy:
+        proxy.bind(("127.0.0.1", 0))
+        proxy.listen(1)
+        proxy.settimeout(0.5)
+        for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "ALL_PROXY"):
+            monkeypatch.setenv(name, f"http://127.0.0.1:{proxy.getsockname()[1]}")
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        assert tls_seed.seed() is True
+        with pytest.raises(TimeoutError):
+            proxy.accept()  # the proxy was never asked for anything
+
+
+def test_without_the_engine_the_seeding_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "obstore", None)  # what an image without it imports
+    assert tls_seed.seed() is False
+
+
+def _spec(tmp_path: Path, source: str) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    spec = tmp_path / "job.json"
+    weights = [{"source": source, "mount_location": "/app/model"}]
+    job = {"image": {"base_image": "x"}, "weights": weights}
+    spec.write_text(json.dumps({"training_job": job}))
+    return spec
+
+
+def test_an_object_store_is_named_by_a_word_a_spec_file_or_neither(tmp_path: Path) -> None:
+    assert tls_seed.names_an_object_store(["run", "--store=s3://bucket/bt"])
+    assert tls_seed.names_an_object_store(["stage", str(_spec(tmp_path, "gs://b/model"))])
+    assert not tls_seed.names_an_object_store(["run", str(_spec(tmp_path, "hf://org/model"))])
+    assert not tls_seed.names_an_object_store(["run", str(tmp_path / "missing.json"), "-"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "variables", "seeded"),
+    [
+        (["stage", "{spec}", "--node-root", "{root}"], {}, True),
+        (["run", "-", "--node-root", "{root}"], {"BT_STORE_URL": "r2://bucket/bt"}, True),
+        (["run", "--node-root", "{root}"], {"BT_JOB_SPEC": "{spec}"}, True),
+        (["validate", "{spec}"], {}, False),
+        (["run", "{file_spec}", "--node-root", "{root}"], {}, False),
+    ],
+    ids=["stage-s3-weights", "run-r2-store", "run-spec-variable", "validate", "run-file-only"],
+)
+def test_the_commands_that_stage_start_the_seeding_where_an_object_store_is_named(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    argv: list[str],
+    variables: dict[str, str],
+    seeded: bool,
+) -> None:
+    names = {
+        "spec": str(_spec(tmp_path / "s3", "s3://bucket/model")),
+        "file_spec": str(_spec(tmp_path / "file", "/models/local")),
+        "root": str(tmp_path / "root"),
+    }
+    for name in ("BT_STORE_URL", "BT_JOB_SPEC"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value.format(**names))
+    started: list[bool] = []
+    monkeypatch.setattr(tls_seed, "seed_in_background", lambda: started.append(True))
+    cli._seed_tls([word.format(**names) for word in argv])
+    assert started == ([True] if seeded else [])
