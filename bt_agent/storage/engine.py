@@ -124,8 +124,12 @@ class Tuning:
 
     Small objects go many at once: a store far away makes each request wait on its round
     trip, not on bandwidth, so the number in flight sets the pace (:class:`Pace`). The bodies
-    a batch or a stream holds (in flight, or fetched and not yet placed) stay within
-    ``batch_bytes``."""
+    an upload stream holds (in flight, or read and not yet stored) stay within
+    ``batch_bytes``; those of a batch download (in flight, or fetched and not yet placed)
+    within ``batch_get_bytes``, half as much: a GET holds its body about twice while it comes
+    (the connection's read buffer, which grows to a few hundred KiB over plain HTTP, and the
+    body joined from it), and with a hundred connections at once on a machine of many cores
+    that was the agent's peak memory."""
 
     multipart_threshold: int = 16 * MiB  # downloads above this: parallel ranged GETs
     part_size: int = 32 * MiB  # the range of each
@@ -140,7 +144,8 @@ class Tuning:
     batch_gets: int = 128  # ... at most, while more go faster
     batch_puts_from: int = 32  # PUTs at once in an upload stream, at first
     batch_puts: int = 128  # ... at most, while more go faster
-    batch_bytes: int = 32 * MiB  # bodies held at most at once by a batch or a stream
+    batch_bytes: int = 32 * MiB  # bodies held at most at once by an upload stream
+    batch_get_bytes: int = 16 * MiB  # ... by a batch download (each held twice as it comes)
 
     def part_size_for(self, size: int, base: int) -> int:
         """``base``, or more where ``size`` would need more than 10,000 parts of it."""
@@ -314,12 +319,11 @@ class EngineStore(ObjectStore):
                 self._pools[name] = DaemonPool(size, name)
             return self._pools[name]
 
-    def _flight(self, name: str, least: int, most: int) -> InFlight[Any]:
+    def _flight(self, name: str, least: int, most: int, budget: int) -> InFlight[Any]:
         """Calls on the store's pool ``name``, from ``least`` up to ``most`` at once as
-        :class:`Pace` finds worth it, their objects within ``batch_bytes``."""
-        tuning = self.tuning
+        :class:`Pace` finds worth it, their objects within ``budget`` bytes."""
         pool = self._pool(name, most)
-        return InFlight(pool, Pace(least, most), tuning.batch_bytes, tuning.batch_max_size)
+        return InFlight(pool, Pace(least, most), budget, self.tuning.batch_max_size)
 
     def _key(self, key: str) -> str:
         """The engine's name of ``key``; :class:`KeyRefusedError` for one it cannot send (a
@@ -669,7 +673,7 @@ class EngineStore(ObjectStore):
 
     def download_batch(self, wanted: Iterator[Wanted], finished: Finished) -> None:
         """GETs many at once on the fetch threads (as many as :class:`Pace` finds worth it),
-        each object read whole, while the bodies held stay within ``batch_bytes``; the bodies
+        each object read whole, while the bodies held stay within ``batch_get_bytes``; the bodies
         are placed from the caller's thread, one after another (threads that create files in
         one directory at once wait on its lock, and on each other, for longer than the files
         take to write). No object is taken from ``wanted`` once one has failed (the caller
@@ -677,7 +681,7 @@ class EngineStore(ObjectStore):
         of taking an object or of ``finished`` is raised then."""
         tuning = self.tuning
         flight: InFlight[_Fetched] = self._flight(
-            "bt-fetch", tuning.batch_gets_from, tuning.batch_gets
+            "bt-fetch", tuning.batch_gets_from, tuning.batch_gets, tuning.batch_get_bytes
         )
         failed = False
         first: BaseException | None = None
@@ -734,7 +738,9 @@ class EngineStore(ObjectStore):
         inside the engine afterwards (an interpreter that ends then must not find one there);
         the first error of ``finished``, or of taking a file, is raised then."""
         tuning = self.tuning
-        flight: InFlight[None] = self._flight("bt-batch", tuning.batch_puts_from, tuning.batch_puts)
+        flight: InFlight[None] = self._flight(
+            "bt-batch", tuning.batch_puts_from, tuning.batch_puts, tuning.batch_bytes
+        )
         first: BaseException | None = None
 
         def put(item: U) -> None:
