@@ -1,6 +1,6 @@
 """The engine's TLS random generator seeded while the agent starts: through a connection to a
 socket of the agent's own, which the engine opens with a real TLS message and nothing else
-sees; started by the commands that stage, only where an object store is named."""
+sees; started by the commands that stage, only where a store of the engine's is named."""
 
 from __future__ import annotations
 
@@ -59,11 +59,13 @@ def _spec(tmp_path: Path, source: str) -> Path:
     return spec
 
 
-def test_an_object_store_is_named_by_a_word_a_spec_file_or_neither(tmp_path: Path) -> None:
-    assert tls_seed.names_an_object_store(["run", "--store=s3://bucket/bt"])
-    assert tls_seed.names_an_object_store(["stage", str(_spec(tmp_path, "gs://b/model"))])
-    assert not tls_seed.names_an_object_store(["run", str(_spec(tmp_path, "hf://org/model"))])
-    assert not tls_seed.names_an_object_store(["run", str(tmp_path / "missing.json"), "-"])
+def test_an_engines_store_is_named_by_a_word_a_spec_file_or_neither(tmp_path: Path) -> None:
+    assert tls_seed.names_an_engine_store(["run", "--store=s3://bucket/bt"])
+    assert tls_seed.names_an_engine_store(["stage", str(_spec(tmp_path / "a", "azure://a/c/m"))])
+    for other in ("gs://bucket/model", "hf://org/model", "https://host/model.bin"):
+        # stores of google-cloud-storage, huggingface_hub and the standard library
+        assert not tls_seed.names_an_engine_store(["run", str(_spec(tmp_path / "b", other))])
+    assert not tls_seed.names_an_engine_store(["run", str(tmp_path / "missing.json"), "-"])
 
 
 @pytest.mark.parametrize(
@@ -77,7 +79,7 @@ def test_an_object_store_is_named_by_a_word_a_spec_file_or_neither(tmp_path: Pat
     ],
     ids=["stage-s3-weights", "run-r2-store", "run-spec-variable", "validate", "run-file-only"],
 )
-def test_the_commands_that_stage_start_the_seeding_where_an_object_store_is_named(
+def test_the_commands_that_stage_start_the_seeding_where_an_engines_store_is_named(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     argv: list[str],

@@ -321,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _seed_tls(argv: Sequence[str]) -> None:
-    """For a command of :data:`SEEDING_COMMANDS` whose words name an object store, the engine's
+    """For a command of :data:`SEEDING_COMMANDS` whose words name a store of the engine's, its
     TLS random generator seeded on a thread while the command's modules load
     (:mod:`bt_agent.storage.tls_seed`)."""
     if _command(argv) not in SEEDING_COMMANDS:
@@ -331,7 +331,7 @@ def _seed_tls(argv: Sequence[str]) -> None:
 
     environ = Environ.current()
     variables = [environ.get(name) or "" for name in (SPEC_VARIABLE, CONTEXT_VARIABLES["store"])]
-    if tls_seed.names_an_object_store([*argv, *variables]):
+    if tls_seed.names_an_engine_store([*argv, *variables]):
         tls_seed.seed_in_background()
 
 

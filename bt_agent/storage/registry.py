@@ -30,6 +30,9 @@ CW_ENDPOINT_VARIABLE = "BT_CW_ENDPOINT_URL"  # another: http://cwlota.com inside
 CA_BUNDLE_VARIABLE = "AWS_CA_BUNDLE"  # a PEM file of CAs trusted beside the system's
 DATASETS = "datasets"  # hf://datasets/owner/name: a dataset, as huggingface_hub names one
 REGION_VARIABLE = "AWS_DEFAULT_REGION"  # botocore's; where unset, botocore reads the profile
+#: The schemes whose stores go through the object-store engine (gs:// stays on
+#: google-cloud-storage, hf:// on huggingface_hub, https:// on the standard library).
+ENGINE_SCHEMES = ("s3://", "r2://", "cw://", "azure://")
 
 
 def open_store(

@@ -10,8 +10,8 @@ wait for. A warm staging makes one listing per source, so most of its time was t
 its first message, which is all that is waited for; the socket is then closed and the engine's
 request fails at once. No other host is contacted (the connection goes direct, whatever proxy
 the environment names), nothing is retried, and without the engine installed nothing happens.
-The CLI starts it only where the command's words name an object store
-(:func:`names_an_object_store`): a job on a file store does not load the engine at all.
+The CLI starts it only where the command's words name a store of the engine's
+(:func:`names_an_engine_store`): a job on a file store does not load the engine at all.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import socket
 import threading
 from collections.abc import Iterable
 
-from bt_agent.spec.urls import CLOUD_SCHEMES
+from bt_agent.storage.registry import ENGINE_SCHEMES
 
 #: How long the seeding waits for the engine's connection and its first message, at most.
 WAIT_SECONDS = 5.0
@@ -32,10 +32,11 @@ HANDSHAKE_RECORD = 0x16
 LOOKED_THROUGH = 1024 * 1024
 
 
-def names_an_object_store(words: Iterable[str]) -> bool:
+def names_an_engine_store(words: Iterable[str]) -> bool:
     """Whether any of ``words`` (a command's arguments, the variables that name its spec and
-    store), or the text of a file one names (a spec), holds an object store's URL (``s3://``
-    and the like): a look before anything is parsed, which a URL in a comment also satisfies."""
+    store), or the text of a file one names (a spec), holds the URL of a store the engine
+    reads (``s3://`` and the like): a look before anything is parsed, which a URL in a comment
+    also satisfies."""
     for word in words:
         if _holds_a_url(word):
             return True
@@ -50,7 +51,7 @@ def names_an_object_store(words: Iterable[str]) -> bool:
 
 
 def _holds_a_url(text: str) -> bool:
-    return any(scheme in text for scheme in CLOUD_SCHEMES)
+    return any(scheme in text for scheme in ENGINE_SCHEMES)
 
 
 def seed_in_background() -> None:
