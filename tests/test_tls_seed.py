@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -27,6 +28,23 @@ def test_the_engine_writes_its_first_tls_message_to_our_socket_and_the_seeding_e
     while _seed_threads() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert _seed_threads() == [], "the engine's request outlived the socket it was sent to"
+
+
+def test_a_program_that_ends_at_once_waits_for_no_more_than_the_seeding_itself(
+    tmp_path: Path,
+) -> None:
+    """An interpreter ending while a thread is inside the engine may abort; the seeding's is
+    waited for, and it ends with its connection, long before its timeout."""
+    probe = (
+        "from bt_agent.storage.tls_seed import seed_in_background\n"
+        "seed_in_background()\n"
+        "import time; time.sleep(0.02)\n"  # the engine's thread started, the seeding under way
+    )
+    for _ in range(3):
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+        assert (done.returncode, done.stderr) == (0, "")
+        assert time.monotonic() - started < tls_seed.WAIT_SECONDS
 
 
 def test_the_seeding_goes_direct_whatever_proxy_the_environment_names(

@@ -10,6 +10,8 @@ wait for. A warm staging makes one listing per source, so most of its time was t
 its first message, which is all that is waited for; the socket is then closed and the engine's
 request fails at once. No other host is contacted (the connection goes direct, whatever proxy
 the environment names), nothing is retried, and without the engine installed nothing happens.
+The thread inside the engine is not a daemon: an interpreter that ends must not find one there,
+so a command that ends at once waits the few milliseconds that thread has left.
 The CLI starts it only where the command's words name a store of the engine's
 (:func:`names_an_engine_store`): a job on a file store does not load the engine at all.
 """
@@ -25,7 +27,7 @@ from collections.abc import Iterable
 from bt_agent.storage.registry import ENGINE_SCHEMES
 
 #: How long the seeding waits for the engine's connection and its first message, at most.
-WAIT_SECONDS = 5.0
+WAIT_SECONDS = 2.0
 #: The first byte of every TLS record that carries a handshake message.
 HANDSHAKE_RECORD = 0x16
 #: The most of a file named by a command's word that is looked through for a URL.
@@ -72,7 +74,8 @@ def seed() -> bool:
         listener.listen(1)
         listener.settimeout(WAIT_SECONDS)
         port = listener.getsockname()[1]
-        threading.Thread(target=_hello, args=(port,), name="bt-tls-seed-hello", daemon=True).start()
+        hello = threading.Thread(target=_hello, args=(port,), name="bt-tls-seed-hello")
+        hello.start()
         try:
             connection, _ = listener.accept()
         except OSError:
