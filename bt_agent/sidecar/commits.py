@@ -7,9 +7,10 @@ it was refused by the store for good. One that changes after its commit is commi
 committed file about to be overwritten in the store first loses its manifest, so a manifest
 never names an object whose content differs from what it says.
 
-A checkpoint deleted whole (rotation) is committed from what was uploaded, if every file it
-was last seen to hold is durable as last seen and it was not being written; otherwise it is
-reported as lost, never dropped without a word. A checkpoint torn by its writer's end loses a
+A checkpoint deleted whole (rotation; every file of it deleted, its directory removed or not
+yet) is committed from what was uploaded, if every file it was last seen to hold is durable as
+last seen and it was not being written; otherwise it is reported as lost, never dropped without
+a word. A checkpoint torn by its writer's end loses a
 commit it already had.
 
 Everything here runs on the sidecar's coordinator thread.
@@ -150,6 +151,9 @@ class Committer:
             else:
                 self.changed(relative, now)  # not uploaded as it is now: not complete yet
                 return
+        if not present and (checkpoint.files or checkpoint.vanished):
+            self._commit_deleted(checkpoint, now)  # every file deleted, the directory left (or
+            return  # not yet removed: a removal under way): deleted whole
         if earlier and files:  # this job added to it: its manifest names the earlier files too
             checkpoint.adopt = True
             for relative in earlier:
@@ -160,8 +164,9 @@ class Committer:
         self._write(checkpoint, files, now)
 
     def _commit_deleted(self, checkpoint: Checkpoint, now: float) -> None:
-        """A checkpoint deleted whole since it was seen: committed from what was uploaded if
-        that is all it held, else reported."""
+        """A checkpoint deleted whole since it was seen (its directory gone, or left empty of
+        every file it held): committed from what was uploaded if that is all it held, else
+        reported."""
         seen = checkpoint.files.items()
         missing = sorted(
             {r for r, sig in seen if self.state.durable_as(r, sig) is None} | checkpoint.vanished

@@ -129,6 +129,53 @@ def test_a_checkpoint_deleted_before_its_upload_is_reported(agent: Agent) -> Non
     assert "not committed: checkpoint-1, it was deleted" in error, error
 
 
+EMPTIED = """
+import os, sys, time
+root = os.environ["BT_CHECKPOINT_DIR"]
+if sys.argv[1] == "renamed-in":  # complete when it arrives: uploaded within the settle time
+    os.makedirs(f"{root}/tmp-checkpoint-1")
+    for name in ("model.bin", "config.json"):
+        with open(f"{root}/tmp-checkpoint-1/{name}", "wb") as f:
+            f.write(name.encode() * 1000)
+    os.rename(f"{root}/tmp-checkpoint-1", f"{root}/checkpoint-1")
+    time.sleep(1.5)  # long before the quiet period ends
+    for name in ("model.bin", "config.json"):
+        os.remove(f"{root}/checkpoint-1/{name}")  # a removal caught half way: the directory left
+else:  # written in place, and still open: not uploaded before the quiet period ends
+    os.makedirs(f"{root}/checkpoint-1")
+    with open(f"{root}/checkpoint-1/model.bin", "wb") as f:
+        f.write(os.urandom(1 << 20))
+        f.flush()
+        time.sleep(1.5)
+        os.remove(f"{root}/checkpoint-1/model.bin")
+time.sleep(4)
+"""
+
+
+def test_a_checkpoint_emptied_of_its_uploaded_files_is_committed_from_its_uploads(
+    agent: Agent,
+) -> None:
+    """A removal (rotation) the commit catches half way, every file deleted and the directory
+    not yet: the checkpoint is deleted whole, so committed from what was uploaded, as one whose
+    directory is gone is (it was committed from nothing, which dropped it without a word)."""
+    job = trainer_job(agent, EMPTIED, "renamed-in")
+    result = agent.run_job(job, "--job-id", "rota003", env={"BT_CHECKPOINT_QUIET_SECONDS": "3"})
+    assert result.code == 0, result.text
+    committed = manifests(_store(agent.store), "default", "rota003")
+    assert {f.path for f in committed["checkpoint-1"].files} == {"model.bin", "config.json"}
+    assert "deleted locally since, committed from its uploads" in result.err
+
+
+def test_a_checkpoint_emptied_before_its_files_were_uploaded_is_reported(agent: Agent) -> None:
+    """Written in place and emptied within the quiet period, before its file went (it was
+    dropped without a word, and the job reported every file durable)."""
+    job = trainer_job(agent, EMPTIED, "open")
+    result = agent.run_job(job, "--job-id", "rota004", env={"BT_CHECKPOINT_QUIET_SECONDS": "3"})
+    assert result.code == 4, result.text
+    error = _record(_store(agent.store), "rota004")["error"]
+    assert "not committed: checkpoint-1, it was deleted before" in error, error
+
+
 RECREATE_DIR = """
 import os, shutil, sys, time
 root = os.environ["BT_CHECKPOINT_DIR"]
