@@ -10,8 +10,7 @@ never names an object whose content differs from what it says.
 A checkpoint deleted whole (rotation; every file of it deleted, its directory removed or not
 yet) is committed from what was uploaded, if every file it was last seen to hold is durable as
 last seen and it was not being written; otherwise it is reported as lost, never dropped without
-a word. A checkpoint torn by its writer's end loses a
-commit it already had.
+a word. A checkpoint torn by its writer's end loses a commit it already had.
 
 Everything here runs on the sidecar's coordinator thread.
 """
