@@ -10,7 +10,7 @@ from pathlib import Path
 
 from _common import vm_hwm_mib
 
-from bt_agent.sidecar.memory import return_large_buffers
+from bt_agent.memory import return_large_buffers
 from bt_agent.storage import open_store
 from bt_agent.storage.transfer import download_tree, upload_tree
 
@@ -18,9 +18,9 @@ PEAK_RSS = "peak RSS MiB:"
 
 
 def main() -> None:
+    return_large_buffers()  # as the agent moves data: with its allocator settings
     action = sys.argv[1]
     if action == "upload":
-        return_large_buffers()  # as the agent's uploads run: in its sidecar, with its allocator
         upload_tree(open_store(sys.argv[3]), Path(sys.argv[2]))
     else:
         download_tree(open_store(sys.argv[2]), "", Path(sys.argv[3]))

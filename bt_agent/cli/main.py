@@ -19,6 +19,9 @@ DEFAULT_LIMIT = 50  # rows of a listing unless --limit or --all
 #: The commands that stage weights and checkpoints: their first https request would wait for
 #: the engine to seed its TLS random generator, which they start while their modules load.
 SEEDING_COMMANDS = ("run", "stage")
+#: The commands that move data: their process keeps the allocator's settings for it
+#: (:mod:`bt_agent.memory`), set before any thread allocates.
+MOVING_COMMANDS = ("run", "stage", "checkpoints")
 
 EPILOG = """\
 spec: a job JSON file ({"training_job": {...}} or a bare TrainingJob), a config.py that
@@ -301,7 +304,9 @@ Handler = Callable[[argparse.Namespace, TextIO, TextIO], int]
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the console script: runs a command and exits with its code."""
-    _seed_tls(sys.argv[1:] if argv is None else argv)
+    words = sys.argv[1:] if argv is None else argv
+    _set_allocator(words)
+    _seed_tls(words)
     gc.disable()  # what start-up makes, modules and classes, lives as long as the process:
     handlers = _handlers()
     gc.freeze()  # no collection walks it again, the last ones at exit included
@@ -333,6 +338,15 @@ def _seed_tls(argv: Sequence[str]) -> None:
     variables = [environ.get(name) or "" for name in (SPEC_VARIABLE, CONTEXT_VARIABLES["store"])]
     if tls_seed.names_an_engine_store([*argv, *variables]):
         tls_seed.seed_in_background()
+
+
+def _set_allocator(argv: Sequence[str]) -> None:
+    """For a command of :data:`MOVING_COMMANDS`, large buffers returned when freed and few
+    malloc arenas (:func:`bt_agent.memory.return_large_buffers`)."""
+    if _command(argv) in MOVING_COMMANDS:
+        from bt_agent.memory import return_large_buffers
+
+        return_large_buffers()
 
 
 def _command(argv: Sequence[str]) -> str | None:

@@ -61,12 +61,10 @@ class CheckpointUploads:
         from bt_agent.sidecar import Sidecar, SidecarSettings
         from bt_agent.sidecar.files import CheckpointDir
         from bt_agent.sidecar.journal import JOURNAL_CONTAINER_PATH, Journal
-        from bt_agent.sidecar.memory import return_large_buffers
         from bt_agent.sidecar.uploader import Owner
 
         ctx = self.context
         self._settings = SidecarSettings.from_environ(self.environ)
-        return_large_buffers()
         try:
             journal = Journal(
                 ctx.layout.host(JOURNAL_CONTAINER_PATH),
