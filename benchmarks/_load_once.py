@@ -1,15 +1,15 @@
 """One load of a committed checkpoint for benchmarks/resume.py, as a resumed job's agent makes it
 before its first command, timed inside the process (after imports; the seeding of the engine's
-TLS random generator started before them and the allocator set for moving data, as ``bt-agent
+TLS random generator started before them and few malloc arenas kept, as ``bt-agent
 run`` does both). Usage:
 _load_once.py STORE_URL PROJECT JOB_ID CHECKPOINT TARGET -> prints seconds and peak RSS."""
 
 from __future__ import annotations
 
-from bt_agent.memory import return_large_buffers
+from bt_agent.memory import keep_few_arenas
 from bt_agent.storage.tls_seed import seed_in_background
 
-return_large_buffers()
+keep_few_arenas()
 seed_in_background()
 
 # ruff: noqa: E402  (the imports below load while the seeding goes on, as in the agent)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from _common import vm_hwm_mib
 
-from bt_agent.memory import return_large_buffers
+from bt_agent.memory import keep_few_arenas, return_large_buffers
 from bt_agent.storage import open_store
 from bt_agent.storage.transfer import download_tree, upload_tree
 
@@ -18,11 +18,12 @@ PEAK_RSS = "peak RSS MiB:"
 
 
 def main() -> None:
-    return_large_buffers()  # as the agent moves data: with its allocator settings
     action = sys.argv[1]
     if action == "upload":
+        return_large_buffers()  # as the agent's uploads run: in its sidecar, with its allocator
         upload_tree(open_store(sys.argv[3]), Path(sys.argv[2]))
     else:
+        keep_few_arenas()  # as the agent's downloads run: staging, with its allocator
         download_tree(open_store(sys.argv[2]), "", Path(sys.argv[3]))
     print(f"{PEAK_RSS} {vm_hwm_mib()}", file=sys.stderr)
 

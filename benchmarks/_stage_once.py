@@ -1,12 +1,14 @@
 """One staging run for benchmarks/staging.py, timed inside the process (after imports), so the
-figure is the DEPLOYING phase itself. As ``bt-agent stage`` does, it starts the seeding of the
-engine's TLS random generator before its imports. Usage: _stage_once.py SPEC NODE_ROOT -> prints
-seconds and the process's peak RSS."""
+figure is the DEPLOYING phase itself. As ``bt-agent stage`` does, it keeps few malloc arenas
+and starts the seeding of the engine's TLS random generator before its imports. Usage:
+_stage_once.py SPEC NODE_ROOT -> prints seconds and the process's peak RSS."""
 
 from __future__ import annotations
 
+from bt_agent.memory import keep_few_arenas
 from bt_agent.storage.tls_seed import seed_in_background
 
+keep_few_arenas()
 seed_in_background()
 
 # ruff: noqa: E402  (the imports below load while the seeding goes on, as in the agent)

@@ -1,18 +1,23 @@
 """Keep the agent's memory what its buffers need while it moves data.
 
-Staging, checkpoint loads and the checkpoint sidecar free many multi-megabyte buffers from many
-threads, the engine's and the agent's. glibc's allocator raises its mmap threshold after each
-such free, so later buffers come from the heap and stay there once freed, and it gives each
-thread that allocates at once an arena of its own, up to eight per core: on a machine of many
-cores the agent would keep what each arena ever held. :func:`return_large_buffers` asks glibc
-to serve large allocations by mmap (returned when freed) and to keep two arenas. The CLI calls
-it first thing for the commands that move data, before any thread has allocated
-(``benchmarks/RESULTS.md`` has what each setting saved).
+glibc's allocator gives each thread that allocates at once an arena of its own, up to eight per
+core, and keeps what each arena ever held: staging, checkpoint loads and uploads allocate from
+the engine's threads and the agent's, so on a machine of many cores the agent would hold what
+each of a hundred arenas once held. :func:`keep_few_arenas`, which the CLI calls first thing for
+the commands that move data (before any thread has allocated), keeps two.
+
+A long-running uploader also frees many multi-megabyte part buffers, and glibc raises its mmap
+threshold after each such free, so later ones come from the heap and stay there:
+:func:`return_large_buffers`, which the checkpoint sidecar calls as it starts, has them mapped
+and handed back when freed. It fixes glibc's trim threshold too (a heap shrinks whenever its top
+has 128 KiB free), so staging and loading, which free pieces of a few hundred KiB all along, run
+before it (``benchmarks/RESULTS.md`` has what each setting saved and cost).
 """
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameters
 M_ARENA_MAX = -8
@@ -20,13 +25,21 @@ THRESHOLD_BYTES = 1024 * 1024
 ARENAS = 2
 
 
+def keep_few_arenas() -> bool:
+    """At most two malloc arenas for this process (an arena made before the call stays);
+    False where the C library has no ``mallopt`` (not glibc)."""
+    return _mallopt(M_ARENA_MAX, ARENAS)
+
+
 def return_large_buffers() -> bool:
-    """Serve allocations of 1 MiB and more by mmap, returned to the system when freed, and
-    keep at most two malloc arenas. Only this process is affected; a no-op (False) where the
-    C library has no ``mallopt`` (not glibc). An arena made before the call stays."""
+    """Serve allocations of 1 MiB and more by mmap, returned to the system when freed, and keep
+    at most two malloc arenas; False where the C library has no ``mallopt``."""
+    return _mallopt(M_MMAP_THRESHOLD, THRESHOLD_BYTES) and keep_few_arenas()
+
+
+def _mallopt(parameter: int, value: int) -> bool:
     try:
-        mallopt = ctypes.CDLL(None).mallopt  # the process's own C library: nothing is loaded
+        mallopt: Callable[[int, int], int] = ctypes.CDLL(None).mallopt  # the process's own libc
     except (OSError, AttributeError):
         return False
-    arenas = bool(mallopt(M_ARENA_MAX, ARENAS))
-    return bool(mallopt(M_MMAP_THRESHOLD, THRESHOLD_BYTES)) and arenas
+    return bool(mallopt(parameter, value))

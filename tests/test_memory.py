@@ -1,6 +1,6 @@
-"""The allocator settings for moving data (bt_agent.memory), set by the CLI first thing for the
-commands that move data: observed in real processes through glibc's own report of its arenas
-(``malloc_info``)."""
+"""The allocator's settings for moving data (bt_agent.memory): few arenas, which the CLI sets
+first thing for the commands that move data, and large buffers mapped, which the checkpoint
+sidecar adds; observed in real processes through glibc's own report (``malloc_info``)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,22 @@ from pathlib import Path
 
 import pytest
 
-#: Runs ``main(argv)`` (the console script's entry), then has eight threads allocate at once and
+#: Runs ``main(argv)`` (the console script's entry) or, for ``sidecar``, what the checkpoint
+#: sidecar sets as it starts, then has eight threads allocate at once and
 #: a buffer of 2 MiB freed before one of 1.5 MiB is taken; glibc's report is written before and
 #: after that last one.
 PROBE = """
 import ctypes, sys, threading
 from bt_agent.cli.main import main
+from bt_agent.memory import return_large_buffers
 
-try:
-    main(sys.argv[2:])
-except SystemExit:
-    pass
+if sys.argv[2:] == ["sidecar"]:
+    return_large_buffers()
+else:
+    try:
+        main(sys.argv[2:])
+    except SystemExit:
+        pass
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
@@ -82,9 +87,7 @@ def _store(tmp_path: Path) -> str:
 
 
 @pytest.mark.parametrize("command", ["run", "stage", "checkpoints"])
-def test_commands_that_move_data_keep_two_arenas_and_map_large_buffers(
-    tmp_path: Path, command: str
-) -> None:
+def test_commands_that_move_data_keep_two_arenas(tmp_path: Path, command: str) -> None:
     argv = {
         "run": ["run", "--help"],
         "stage": ["stage", "--help"],
@@ -92,12 +95,18 @@ def test_commands_that_move_data_keep_two_arenas_and_map_large_buffers(
     }[command]
     arenas, mapped = _report(tmp_path, argv)
     assert arenas <= 2, f"{command}: {arenas} malloc arenas for eight threads"
-    assert mapped == 1, f"{command}: a buffer of 1.5 MiB came from the heap, not by mmap"
+    assert mapped == 0, f"{command}: large buffers mapped before the sidecar asked for it"
+
+
+def test_the_sidecar_has_large_buffers_mapped(tmp_path: Path) -> None:
+    arenas, mapped = _report(tmp_path, ["sidecar"])
+    assert arenas <= 2, f"{arenas} malloc arenas for eight threads"
+    assert mapped == 1, "a buffer of 1.5 MiB came from the heap, not by mmap"
 
 
 def test_other_commands_leave_the_allocator_as_it_is(tmp_path: Path) -> None:
     """The control: without the settings the same probe sees an arena per thread and the
-    buffer from the heap, so the test above can tell the two apart."""
+    buffer from the heap, so the tests above can tell them apart."""
     arenas, mapped = _report(tmp_path, ["jobs", "list", "--store", _store(tmp_path)])
     assert arenas > 2
     assert mapped == 0

@@ -701,7 +701,7 @@ from pathlib import Path
 from bt_agent.settings import Environ
 from bt_agent.memory import return_large_buffers
 from bt_agent.storage import open_store
-return_large_buffers()  # as the agent does for the commands that move data
+return_large_buffers()  # as the checkpoint sidecar does
 store = open_store(sys.argv[1], Environ({"AWS_ENDPOINT_URL": sys.argv[2]}), sys.argv[3], "creds")
 files = sorted(Path(sys.argv[4]).iterdir())
 threads = [threading.Thread(target=store.upload_file, args=(f, f.name)) for f in files]

@@ -19,8 +19,8 @@ DEFAULT_LIMIT = 50  # rows of a listing unless --limit or --all
 #: The commands that stage weights and checkpoints: their first https request would wait for
 #: the engine to seed its TLS random generator, which they start while their modules load.
 SEEDING_COMMANDS = ("run", "stage")
-#: The commands that move data: their process keeps the allocator's settings for it
-#: (:mod:`bt_agent.memory`), set before any thread allocates.
+#: The commands that move data: their process keeps few malloc arenas (:mod:`bt_agent.memory`),
+#: set before any thread allocates.
 MOVING_COMMANDS = ("run", "stage", "checkpoints")
 
 EPILOG = """\
@@ -341,12 +341,12 @@ def _seed_tls(argv: Sequence[str]) -> None:
 
 
 def _set_allocator(argv: Sequence[str]) -> None:
-    """For a command of :data:`MOVING_COMMANDS`, large buffers returned when freed and few
-    malloc arenas (:func:`bt_agent.memory.return_large_buffers`)."""
+    """For a command of :data:`MOVING_COMMANDS`, few malloc arenas
+    (:func:`bt_agent.memory.keep_few_arenas`)."""
     if _command(argv) in MOVING_COMMANDS:
-        from bt_agent.memory import return_large_buffers
+        from bt_agent.memory import keep_few_arenas
 
-        return_large_buffers()
+        keep_few_arenas()
 
 
 def _command(argv: Sequence[str]) -> str | None:

@@ -58,6 +58,7 @@ class CheckpointUploads:
         """Watch the checkpoint dir (when checkpointing is enabled) before any command runs."""
         if not self.enabled:
             return
+        from bt_agent.memory import return_large_buffers
         from bt_agent.sidecar import Sidecar, SidecarSettings
         from bt_agent.sidecar.files import CheckpointDir
         from bt_agent.sidecar.journal import JOURNAL_CONTAINER_PATH, Journal
@@ -65,6 +66,7 @@ class CheckpointUploads:
 
         ctx = self.context
         self._settings = SidecarSettings.from_environ(self.environ)
+        return_large_buffers()
         try:
             journal = Journal(
                 ctx.layout.host(JOURNAL_CONTAINER_PATH),
