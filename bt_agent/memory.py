@@ -9,9 +9,10 @@ the commands that move data (before any thread has allocated), keeps two.
 A long-running uploader also frees many multi-megabyte part buffers, and glibc raises its mmap
 threshold after each such free, so later ones come from the heap and stay there:
 :func:`return_large_buffers`, which the checkpoint sidecar calls as it starts, has them mapped
-and handed back when freed. It fixes glibc's trim threshold too (a heap shrinks whenever its top
-has 128 KiB free), so staging and loading, which free pieces of a few hundred KiB all along, run
-before it (``benchmarks/RESULTS.md`` has what each setting saved and cost).
+and handed back when freed. It fixes glibc's trim threshold too, at its default (a heap then
+shrinks whenever a little at its top is free, and faults its pages in again), so staging and
+loading, which free pieces of a few hundred KiB all along, run before it
+(``benchmarks/RESULTS.md`` has what each setting saved and cost).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def keep_few_arenas() -> bool:
 def return_large_buffers() -> bool:
     """Serve allocations of 1 MiB and more by mmap, returned to the system when freed, and keep
     at most two malloc arenas; False where the C library has no ``mallopt``."""
-    return _mallopt(M_MMAP_THRESHOLD, THRESHOLD_BYTES) and keep_few_arenas()
+    mapped = _mallopt(M_MMAP_THRESHOLD, THRESHOLD_BYTES)
+    return keep_few_arenas() and mapped
 
 
 def _mallopt(parameter: int, value: int) -> bool:
