@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 #: Runs ``main(argv)`` (the console script's entry) or, for ``sidecar``, what the checkpoint
-#: sidecar sets as it starts, then has eight threads allocate at once and
-#: a buffer of 2 MiB freed before one of 1.5 MiB is taken; glibc's report is written before and
-#: after that last one.
+#: sidecar sets as it starts; then eight threads allocate at once, and a buffer of 2 MiB is freed
+#: before one of 1.5 MiB is taken, glibc's report written before and after that last one.
 PROBE = """
 import ctypes, sys, threading
 from bt_agent.cli.main import main
