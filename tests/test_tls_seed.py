@@ -5,6 +5,7 @@ sees; started by the commands that stage, only where a store of the engine's is 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -47,20 +48,29 @@ def test_a_program_that_ends_at_once_waits_for_no_more_than_the_seeding_itself(
         assert time.monotonic() - started < tls_seed.WAIT_SECONDS
 
 
-def test_the_seeding_goes_direct_whatever_proxy_the_environment_names(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_seeding_goes_direct_whatever_proxy_the_environment_names() -> None:
+    """In a process of its own, with a proxy on 127.0.0.2: the variables are that process's
+    only, and no client of another test, still trying a server's old port on 127.0.0.1, can
+    reach the proxy and be taken for the seeding."""
     with socket.socket() as proxy:
-        proxy.bind(("127.0.0.1", 0))
+        proxy.bind(("127.0.0.2", 0))
         proxy.listen(1)
         proxy.settimeout(0.5)
-        for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "ALL_PROXY"):
-            monkeypatch.setenv(name, f"http://127.0.0.1:{proxy.getsockname()[1]}")
-        monkeypatch.delenv("NO_PROXY", raising=False)
-        monkeypatch.delenv("no_proxy", raising=False)
-        assert tls_seed.seed() is True
+        url = f"http://127.0.0.2:{proxy.getsockname()[1]}"
+        environment = {k: v for k, v in os.environ.items() if k.lower() != "no_proxy"}
+        environment.update(
+            dict.fromkeys(("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "ALL_PROXY"), url)
+        )
+        probe = "from bt_agent.storage.tls_seed import seed; print(seed())"
+        done = subprocess.run(
+            [sys.executable, "-c", probe], env=environment, capture_output=True, text=True
+        )
+        assert (done.returncode, done.stdout, done.stderr) == (0, "True\n", "")
         with pytest.raises(TimeoutError):
-            proxy.accept()  # the proxy was never asked for anything
+            connection, _ = proxy.accept()  # the proxy was never asked for anything
+            with connection:
+                connection.settimeout(1)
+                pytest.fail(f"the seeding went through the proxy: {connection.recv(200)!r}")
 
 
 def test_without_the_engine_the_seeding_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
