@@ -4,10 +4,12 @@ exit codes, logs and scratch."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from helpers import BIN, Agent, finish, job_with, wait_for
@@ -248,3 +250,24 @@ def test_a_reader_of_the_agents_output_that_goes_away_does_not_end_the_job(agent
     assert "COMPLETED (exit 0)" in err and "Traceback" not in err, err
     log = agent("jobs", "logs", agent.only_job_id(), "--store", str(agent.store))
     assert "line 99999\nlast\n" in log.out
+
+
+def test_a_command_writes_far_more_than_a_default_pipe_before_the_agent_reads(
+    tmp_path: Path,
+) -> None:
+    """A trainer printing while the agent's reader is held back (a thread of the sidecar at
+    the lowest priority holding the interpreter's lock on busy CPUs) goes on printing: its
+    output pipes hold a megabyte, not the kernel's 64 KiB. Nothing reads them here."""
+    from bt_agent.supervisor.process import Child
+
+    done = tmp_path / "done"
+    child = Child.spawn(
+        f"head -c 786432 /dev/zero && head -c 786432 /dev/zero >&2 && touch {done}",
+        dict(os.environ),
+        tmp_path,
+    )
+    try:
+        wait_for(done.exists, 10, "the command to write 768 KiB to each stream unread")
+    finally:
+        child.signal_group(signal.SIGKILL)
+        child.process.communicate()

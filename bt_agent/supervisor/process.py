@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 
 def exit_status(returncode: int) -> int:
@@ -38,6 +40,13 @@ def describe_exit(status: int) -> str:
 #: reset caught signals to the default, get them as sent. A stop signal still ends the shell.
 SHELL_PRELUDE = "trap : HUP QUIT USR1 USR2; "
 
+#: What each of a child's output pipes holds before its writes wait on the agent's reader (the
+#: kernel's default is 64 KiB). The reader needs the interpreter's lock, which a thread of the
+#: checkpoint sidecar may hold while it waits for a CPU: at the lowest priority, on CPUs that
+#: training keeps busy, that wait lasts up to seconds, and a trainer printing fast would stall
+#: on its ``print``. A process may ask for up to ``/proc/sys/fs/pipe-max-size`` (1 MiB by default).
+PIPE_BYTES = 1024 * 1024
+
 
 @dataclass
 class Child:
@@ -56,6 +65,8 @@ class Child:
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
+        for stream in (process.stdout, process.stderr):
+            _widen(stream)
         return cls(process)
 
     @property
@@ -66,3 +77,10 @@ class Child:
         """Send a signal to the whole process group; a group already gone is not an error."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, number)
+
+
+def _widen(pipe: IO[bytes] | None) -> None:
+    """``pipe`` given ``PIPE_BYTES`` of buffer where the system allows it (Linux), else left."""
+    with contextlib.suppress(OSError, AttributeError, ValueError):
+        if pipe is not None:
+            fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
