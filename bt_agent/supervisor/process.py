@@ -80,7 +80,10 @@ class Child:
 
 
 def _widen(pipe: IO[bytes] | None) -> None:
-    """``pipe`` given ``PIPE_BYTES`` of buffer where the system allows it (Linux), else left."""
+    """``pipe`` given ``PIPE_BYTES`` of buffer where the system allows it (Linux), else left as
+    it is: ``Popen``'s own ``pipesize`` would fail the spawn where it is refused (a user over
+    the kernel's pipe limits)."""
+    if pipe is None:
+        return
     with contextlib.suppress(OSError, AttributeError, ValueError):
-        if pipe is not None:
-            fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
