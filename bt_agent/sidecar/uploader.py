@@ -74,6 +74,8 @@ QUEUE_FILES = 512
 QUEUE_BYTES = 16 * MiB
 #: How long the drain waits for the watch to hand over the changes it still holds.
 FLUSH_SECONDS = 2.0
+#: A drain that takes longer says what it still uploads (a shorter one is not worth a line).
+SAY_LEFT_AFTER = 1.0
 #: How long the drain waits for the coordinator to say what is lost, once stopped.
 ANSWER_SECONDS = 0.5
 HALF_WRITTEN = "it was being written in place when the agent last stopped"
@@ -179,6 +181,9 @@ class Sidecar:
         self._stop = threading.Event()
         self._idle = threading.Event()
         self._draining = False
+        self._deadline: Callable[[], float] = time.monotonic  # the drain's, once it begins
+        self._drain_began = 0.0
+        self._said_left = False
         self._warned: set[str] = set()
         self._earlier: set[str] = set()
         self._last_report = time.monotonic()
@@ -291,6 +296,7 @@ class Sidecar:
         self.watcher.stop()
         self._idle.clear()
         self._changes.put(Change(str(self.dir.root), whole=True, in_place=False))
+        self._deadline, self._drain_began = deadline, started
         self._draining = True  # after the rescan is queued: a step that sees it takes it
         self._wake.set()
         while not self._idle.wait(min(max(deadline() - time.monotonic(), 0), 0.5)):
@@ -393,6 +399,8 @@ class Sidecar:
         self._collect(now)
         self._submit(now)
         self._hand_over()  # whatever way _submit ended: a file counted in flight must go
+        if draining:
+            self._say_what_is_left(now)
         self.commits.step(now, self.settings.quiet_seconds, self._draining)
         self._report(now)
         if draining and self._finished():
@@ -776,15 +784,36 @@ class Sidecar:
 
     # --- visibility --------------------------------------------------------------------------
 
+    def _backlog(self) -> tuple[set[str], int]:
+        """The files waiting or uploading, and their bytes."""
+        state = self._state
+        waiting = state.waiting() | state.uploading()
+        sizes = {r: sig.size for c in state.checkpoints.values() for r, sig in c.files.items()}
+        return waiting, sum(sizes.get(r, 0) for r in waiting)
+
+    def _say_what_is_left(self, now: float) -> None:
+        """Once, when the drain has gone on for ``SAY_LEFT_AFTER`` with files still to upload:
+        why the job goes on after its commands ended, those files (counted now, after the
+        drain's rescan, not as the last periodic count had them) and until when at most."""
+        if self._said_left or now - self._drain_began < SAY_LEFT_AFTER:
+            return
+        waiting, size = self._backlog()
+        if not waiting:
+            return
+        self._said_left = True
+        left = max(self._deadline() - time.monotonic(), 0.0)
+        self.log.info(
+            f"checkpoints: {counted(len(waiting), 'file')} ({format_bytes(size)}) still to "
+            f"upload; the job ends once they are durable (at most {left:,.0f} s)"
+        )
+
     def _report(self, now: float) -> None:
         if now - self._last_backlog < 1.0:
             return
         self._last_backlog = now
-        state = self._state
-        uploading = state.uploading()
-        waiting = state.waiting() | uploading
-        sizes = {r: sig.size for c in state.checkpoints.values() for r, sig in c.files.items()}
-        self.stats.backlog(len(waiting), sum(sizes.get(r, 0) for r in waiting))
+        waiting, size = self._backlog()
+        uploading = self._state.uploading()
+        self.stats.backlog(len(waiting), size)
         if not waiting or now - self._last_report < self.settings.backlog_interval:
             return
         self._last_report = now

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from bt_agent.catalog import Catalog
 from bt_agent.context import NodeContext
 from bt_agent.errors import StagingError
-from bt_agent.log import AgentLog, counted, format_bytes
+from bt_agent.log import AgentLog, format_bytes
 from bt_agent.records import UploadTotals
 from bt_agent.settings import METRICS_PORT_VARIABLE, Environ
 from bt_agent.supervisor import tree
@@ -129,7 +129,6 @@ class CheckpointUploads:
             self._warn_unsaved()
             return None
         limit = deadline()  # fixed now, unless a stop signal brings it closer
-        self._say_what_is_left(sidecar, limit)
         report = sidecar.drain(lambda: min(limit, deadline()))
         if self._metrics is not None:
             with contextlib.suppress(OSError):
@@ -144,19 +143,6 @@ class CheckpointUploads:
         what = report.describe()
         self.log.error(f"checkpoints: {what}")
         return what
-
-    def _say_what_is_left(self, sidecar: Sidecar, limit: float) -> None:
-        """Why the agent goes on once the commands have ended: the files it still uploads, as
-        its last count had them (a second old at most), and until when at most."""
-        totals = sidecar.stats.totals()
-        if not totals.backlog_files:
-            return
-        left = max(limit - time.monotonic(), 0.0)
-        self.log.info(
-            f"checkpoints: {counted(totals.backlog_files, 'file')} "
-            f"({format_bytes(totals.backlog_bytes)}) still to upload; the job ends once they "
-            f"are durable (at most {left:,.0f} s)"
-        )
 
     def _warn_unsaved(self) -> None:
         if self.enabled:
