@@ -5,6 +5,8 @@ and never a fall back to plain HTTP; nothing is written."""
 
 from __future__ import annotations
 
+import socket
+import struct
 import sys
 import threading
 import time
@@ -628,16 +630,63 @@ def test_https_to_a_server_of_plain_http_is_a_clear_error_at_once(
     assert message.endswith(f"if it serves plain HTTP, write it as {plain_url}"), message
 
 
-def test_http_to_a_server_of_tls_says_to_write_https(s3_server: servers.SeaweedFS) -> None:
-    """The other way round: an endpoint written with ``http://`` whose server takes TLS only
-    answers 400 in its own words (Go's: "Client sent an HTTP request to an HTTPS server"); the
-    error says which URL to write."""
-    plain = f"http://localhost:{s3_server.https_port}"  # its port of TLS
-    environ = Environ({"AWS_ENDPOINT_URL": plain})
-    with open_store(f"s3://{_bucket(s3_server)}/x", environ, SECRET, "creds") as store:
-        message = str(_refused(store, store.list))
-    assert f"{plain} speaks TLS only (its answer: Client sent an HTTP request to" in message
-    assert message.endswith(f"write it as https://localhost:{s3_server.https_port}"), message
+@pytest.mark.parametrize("service", ["s3", "azure"])
+def test_http_to_a_server_of_tls_says_to_write_https(
+    request: pytest.FixtureRequest, s3_server: servers.SeaweedFS, service: str
+) -> None:
+    """The other way round: an endpoint written with ``http://`` whose server takes TLS only.
+    Each request is a clear error at once with the URL to write, whether the server says why
+    (Go's 400 to a listing: "Client sent an HTTP request to an HTTPS server") or not: a write
+    cut off as its body is sent (Go, Node), a HEAD's 400 without a body; there the engine's
+    store tries a TLS handshake of its own (these were an outage waited out for minutes)."""
+    if service == "s3":
+        plain = f"http://localhost:{s3_server.https_port}"  # its port of TLS
+        environ = Environ({"AWS_ENDPOINT_URL": plain})
+        store = open_store(f"s3://{_bucket(s3_server)}/x", environ, SECRET, "creds")
+    else:
+        azure: servers.Azurite = request.getfixturevalue("azure_tls_server")
+        container = f"t{uuid.uuid4().hex[:12]}"
+        azure.create_container(container)
+        secret = azure.connection_string.replace("https://", "http://")
+        plain = f"http://127.0.0.1:{azure.port}/{servers.AZURITE_ACCOUNT}"
+        store = open_store(
+            f"azure://{servers.AZURITE_ACCOUNT}/{container}/x", Environ({}), secret, "c"
+        )
+    big = b"w" * 4 * 1024 * 1024  # still being sent when the server hangs up
+    with store:
+        for step in (
+            store.list,
+            lambda: store.stat("model.bin"),
+            lambda: store.write_bytes("m", big),
+        ):
+            message = str(_refused(store, step))
+            assert f"{plain} speaks TLS only (its answer: " in message, message
+            assert message.endswith(f"write it as {plain.replace('http', 'https', 1)}"), message
+
+
+def test_a_server_of_plain_http_that_hangs_up_is_an_outage(s3_server: servers.SeaweedFS) -> None:
+    """A connection cut by a server of plain HTTP (here a port where nothing answers a TLS
+    handshake) is what an outage looks like: retried, not taken for a server of TLS."""
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(8)
+        port = listening.getsockname()[1]
+
+        def hang_up() -> None:
+            while True:
+                try:
+                    connection, _ = listening.accept()
+                except OSError:
+                    return
+                connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                connection.close()  # a reset, to a request and to a handshake alike
+
+        threading.Thread(target=hang_up, daemon=True).start()
+        environ = Environ({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"})
+        store = open_store("s3://bucket/x", environ, SECRET, "creds")
+        store.policy = RetryPolicy(attempts=2, base_seconds=0.01, cap_seconds=0.01)
+        with store, pytest.raises(TransientStoreError, match=r"cannot reach http://127\.0\.0\.1"):
+            store.write_bytes("model.bin", b"weights")
 
 
 class _RegionsOfAWS(ThreadingHTTPServer):

@@ -81,6 +81,11 @@ _TLS_ONLY = re.compile(
     r"(?:Client sent an )?HTTP request to an HTTPS server"
     r"|(?:The )?plain HTTP request was sent to HTTPS port"
 )
+#: How a server of TLS only may meet a request of plain HTTP without saying why: the connection
+#: cut while a write's body is sent (Go's servers), or a 400 without a body (a HEAD's).
+_CUT = re.compile(r"reset by peer|connection closed|IncompleteMessage|Broken pipe", re.I)
+#: Seconds the handshake that tells a server of TLS may take.
+TLS_PROBE_SECONDS = 3.0
 _STATUS = re.compile(r"status code: (\d{3})")
 #: S3's answer to a request signed for a region other than the bucket's: a redirect without a
 #: place to go (the engine's words), or its error code.
@@ -196,6 +201,7 @@ class EngineStore(ObjectStore):
         self._lock = threading.Lock()
         self._pools: dict[str, DaemonPool] = {}  # by name: ranges, batches
         self._multipart = threading.BoundedSemaphore(self.tuning.multipart_uploads)
+        self._tls_only: bool | None = None  # whether the http:// endpoint takes TLS only
 
     @abstractmethod
     def _make_engine(self) -> Any:
@@ -400,10 +406,14 @@ class EngineStore(ObjectStore):
             return StoreError(f"{uri}: {speaks_no_tls(where, 'invalid content type')}", uri)
         if self.plain_http and (asked := _TLS_ONLY.search(text)):
             return StoreError(f"{uri}: {speaks_tls(where, asked.group(0))}", uri)
+        said = (_CAUSE.findall(text) or [detail])[-1] if not code else f"{code} without a reason"
+        if (code == "400" or (not code and _CUT.search(text))) and self._takes_tls_only():
+            return StoreError(
+                f"{uri}: {speaks_tls(where, f'{said}; a TLS handshake with it succeeds')}", uri
+            )
         if code.startswith("5") or code == "429" or _RETRYABLE.search(text):
             return TransientStoreError(f"{uri}: {code or 'retryable'}: {detail}", uri)
         if not code:  # no answer at all: connection refused, reset, timed out, no such host
-            said = (_CAUSE.findall(text) or [detail])[-1]
             return TransientStoreError(f"{uri}: cannot reach {self._route(where)} ({said})", uri)
         return StoreError(f"{uri}: {detail}", uri)
 
@@ -425,6 +435,17 @@ class EngineStore(ObjectStore):
         parts = urlsplit(proxy)
         port = f":{parts.port}" if parts.port else ""
         return f"{where} through the proxy {parts.scheme}://{parts.hostname}{port}"
+
+    def _takes_tls_only(self) -> bool:
+        """Whether the endpoint, written ``http://``, is a server of TLS only: asked once, by
+        a handshake of its own, where a request went wrong without a word of why (not where
+        a proxy carries the requests, which the handshake would not go through)."""
+        endpoint = self.endpoint_url
+        if self._tls_only is None:
+            self._tls_only = bool(
+                endpoint and self.plain_http and not self._proxy() and _answers_tls(endpoint)
+            )
+        return self._tls_only
 
     def _untrusted(self, where: str, reason: str) -> str:
         """Why the certificate of ``where`` was refused (rustls' ``reason``), and what to do."""
@@ -811,6 +832,29 @@ def _get_options(version: str | None, start: int = 0, length: int | None = None)
     if length is not None:
         options["range"] = (start, start + length)
     return options
+
+
+def _answers_tls(endpoint: str) -> bool:
+    """Whether the server of ``endpoint`` completes a TLS handshake (its certificate unchecked:
+    nothing is sent over the connection), or answers it with a TLS alert."""
+    import socket
+    import ssl
+
+    parts = urlsplit(endpoint)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    address = (parts.hostname or "", parts.port or 80)
+    try:
+        with (
+            socket.create_connection(address, timeout=TLS_PROBE_SECONDS) as connection,
+            context.wrap_socket(connection, server_hostname=parts.hostname),
+        ):
+            return True
+    except ssl.SSLError as exc:
+        return "ALERT" in (exc.reason or "")  # it spoke TLS, refusing something of ours
+    except OSError:  # refused, reset, timed out: no server of TLS there
+        return False
 
 
 def _first_line(text: str) -> str:
