@@ -55,6 +55,13 @@ def test_invalid_spec_reports_its_field(tmp_path: Path, name: str) -> None:
             "names 'my container', which no bucket can be named",
             "write it as azure://<account>/<container>/path",
         ),
+        ("s3:/bucket/model", "is missing a URI scheme", "write it as s3://bucket/model"),
+        ("hf:org/model", "is missing a URI scheme", "write it as hf://org/model"),
+        (
+            "Qwen/Qwen3",
+            "is missing a URI scheme",
+            "start it with one of: azure://, bt://, cw://, gs://, hf://, https://, r2://, s3://",
+        ),
     ],
 )
 def test_a_source_the_store_cannot_read_says_how_to_write_it(

@@ -336,7 +336,14 @@ WEIGHTS_AUTH = s.schema_for(WeightsAuth, extra="allow", checks=(_auth_fields_mat
 def _source_rule(value: str) -> tuple[str, str] | None:
     schemes = ", ".join(sorted(SUPPORTED_SCHEMES))
     if "://" not in value:
-        return (f"source {value!r} is missing a URI scheme", f"start it with one of: {schemes}")
+        scheme, colon, rest = value.partition(":")
+        meant = f"{scheme}://{rest.lstrip('/')}" if colon else ""
+        hint = (
+            f"write it as {meant}"
+            if f"{scheme}://" in SUPPORTED_SCHEMES and rest.strip("/")
+            else f"start it with one of: {schemes}"
+        )
+        return (f"source {value!r} is missing a URI scheme", hint)
     scheme = value.split("://", 1)[0] + "://"
     rest = value[len(scheme) :]
     if scheme not in SUPPORTED_SCHEMES:
