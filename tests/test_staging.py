@@ -541,12 +541,16 @@ def test_stage_and_cache_commands(
     summary = agent("cache", "summarize", *node, "-o", "json")
     entries = json.loads(summary.out)
     assert len(entries) == 3 and all(e["in_use"] and e["size"] == 1000 for e in entries)
+    table = agent("cache", "summarize", *node).out.splitlines()  # for people: sizes, yes/no
+    assert table[0].split() == ["ENTRY", "SIZE", "LAST", "USED", "IN", "USE"], table
+    assert all(row.split()[1:3] == ["1.0", "KB"] and row.endswith("yes") for row in table[1:4])
+    assert table[4].startswith("3 entries, 3.0 KB, 3 in use, in "), table
     pruned = agent("cache", "prune", *node, "--max-bytes", "0")
-    assert "evicted 0 entries" in pruned.out, "mounted entries are kept"
+    assert "evicted 0 entries (0 B)" in pruned.out, "mounted entries are kept"
     for path in (agent.node_root / "d").iterdir():
         path.unlink()
     pruned = agent("cache", "prune", *node, "--max-bytes", "1500")
-    assert "evicted 2 entries" in pruned.out
+    assert "evicted 2 entries (2.0 KB)" in pruned.out
 
 
 def test_an_entry_written_to_through_a_mount_is_fetched_again(

@@ -156,26 +156,34 @@ def cache(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 raise UsageError(f"{NODE_CACHE_MAX_BYTES_VARIABLE}: {exc}") from None
         removed = node_cache.evict(budget)
         freed = sum(e.size for e in removed)
-        out.write(f"evicted {len(removed)} entries ({freed} bytes) from {node_cache.root}\n")
+        out.write(
+            f"evicted {_entries(len(removed))} ({format_bytes(freed)}) "
+            f"from {node_cache.root}\n"
+        )
         return 0
     entries = sorted(node_cache.entries(), key=lambda e: e.last_used, reverse=True)
+    table = args.output == "table"  # sizes and flags for people; bytes and booleans otherwise
     rows = [
         {
             "entry": e.path.name[:16],
-            "size": e.size,
+            "size": format_bytes(e.size) if table else e.size,
             "last_used": now_iso(e.last_used),
-            "in_use": e.in_use,
+            "in_use": ("yes" if e.in_use else "no") if table else e.in_use,
         }
         for e in entries
     ]
     out.write(render(rows, ("entry", "size", "last_used", "in_use"), args.output) + "\n")
-    if args.output == "table":
+    if table:
         total = sum(e.size for e in entries)
         out.write(
-            f"{len(entries)} entries, {total} bytes, "
+            f"{_entries(len(entries))}, {format_bytes(total)}, "
             f"{sum(e.in_use for e in entries)} in use, in {node_cache.root}\n"
         )
     return 0
+
+
+def _entries(count: int) -> str:
+    return f"{count} {'entry' if count == 1 else 'entries'}"
 
 
 def env(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
