@@ -247,6 +247,17 @@ def test_an_empty_store_lists_nothing_without_a_warning(agent: Agent) -> None:
         assert rows == [] and "reindex" not in warning, warning
 
 
+def test_a_store_directory_that_does_not_exist_is_said(agent: Agent) -> None:
+    """A file store whose directory is not there (a typo in --store, or no job ran with it
+    yet) lists nothing, and says so, naming where the URL came from."""
+    assert not agent.store.exists()
+    rows, warning = _cli_json(agent, "jobs", "list")
+    said = f"warning: {agent.store.as_uri()} does not exist: no job has used this store; check"
+    assert rows == [] and said in warning and "--store" in warning, warning
+    agent.store.mkdir(parents=True)
+    assert _cli_json(agent, "jobs", "list") == ([], "")
+
+
 def test_listings_show_the_newest_page(agent: Agent) -> None:
     _workspace(Catalog(FileStore(agent.store)), 8)
     rows, note = _cli_json(agent, "jobs", "list", "--limit", "3")

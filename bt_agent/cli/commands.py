@@ -202,7 +202,12 @@ def _catalog(args: argparse.Namespace, environ: Environ, err: TextIO) -> Catalog
     url, problem = store_url(args.store or environ.context_value("store"), environ, where)
     if problem:
         raise UsageError(str(problem))
-    return Catalog(open_store(url, environ), lambda text: _warn(text, err))
+    from bt_agent.storage.file import FileStore
+
+    store = open_store(url, environ)
+    if isinstance(store, FileStore) and not store.root.exists():  # a typo, or no job ran yet
+        _warn(f"{store.url} does not exist: no job has used this store; check {where}", err)
+    return Catalog(store, lambda text: _warn(text, err))
 
 
 def _warn(text: str, err: TextIO) -> None:
