@@ -668,6 +668,53 @@ def test_sigterm_while_staging(
     assert not ran.exists() and not (agent.node_root / "d").exists()
 
 
+def test_a_stop_ends_staging_at_once_mid_file_and_the_next_staging_clears_what_it_left(
+    agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
+) -> None:
+    """A stop signal while a large file comes through a slow link (the whole would take over
+    half a minute): `bt-agent stage` (SIGINT, a user's Ctrl-C) and `bt-agent run` (SIGTERM,
+    the platform's) end at once rather than when the file is whole, `run` recording STOPPED
+    within its grace period. Nothing is mounted; the partial files left in the node cache are
+    removed by the next staging of the same file, which completes."""
+    import signal
+
+    from far_link import FarLink
+    from helpers import finish
+
+    env = _env(agent, s3_server, hf_server)
+    url = _seed_s3(s3_server, {"model.bin": bytes(range(256)) * (128 * 1024)})  # 32 MiB
+    far = FarLink(s3_server.port, 0.0, 1e6)
+    weights = [{"source": url, "mount_location": "/d", "auth_secret_name": "s3_creds"}]
+    spec = agent.spec(_job(weights, "true"))
+    objects = agent.node_root / "var/cache/bt-agent/node/objects"
+    try:
+        slow = {**env, "AWS_ENDPOINT_URL": far.endpoint}
+        for command, number in (("stage", signal.SIGINT), ("run", signal.SIGTERM)):
+            agent.root.joinpath("agent.err").unlink(missing_ok=True)
+            process = subprocess.Popen(
+                [sys.executable, "-m", "bt_agent", command, str(spec), *agent.context_args()],
+                env=agent.full_env(slow),
+                stderr=open(agent.root / "agent.err", "w"),  # noqa: SIM115 (closed with it)
+                stdout=subprocess.DEVNULL,
+            )
+            own = f"*/.*.{process.pid}.*.incomplete"  # its own partial file: under way
+            wait_for(lambda pattern=own: any(objects.glob(pattern)), 30, "the download")
+            sent = time.monotonic()
+            process.send_signal(number)
+            assert finish(process, 30, agent) == 128 + number, agent.output()
+            assert time.monotonic() - sent < 5, f"{command}: the stop waited on the download"
+            assert not (agent.node_root / "d").exists(), agent.output()
+        node = json.loads(next(agent.store.glob("projects/*/jobs/*/nodes/rank-0.json")).read_text())
+        assert node["status"] == "TRAINING_JOB_STOPPED"
+    finally:
+        far.close()
+    assert any(objects.glob("*/.*.incomplete")), "the stops left partial files"
+    staged = agent("stage", str(spec), *agent.context_args(), env=env)
+    assert staged.code == 0, staged.text
+    assert (agent.node_root / "d" / "model.bin").stat().st_size == 32 * 1024 * 1024
+    assert not list(objects.glob("*/.*")), "what the stopped fills left is gone"
+
+
 def test_progress_lines_say_bytes_rate_and_eta() -> None:
     import io
 

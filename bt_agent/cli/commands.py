@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from dataclasses import fields
@@ -118,18 +119,20 @@ def validate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def stage(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from bt_agent.log import AgentLog
     from bt_agent.staging.weights import stage_job_weights
+    from bt_agent.supervisor.process import signal_name
+    from bt_agent.supervisor.signals import SignalRelay
 
     plan = _plan(args, Environ.current())
-    try:
-        plans = stage_job_weights(
-            plan.spec.job,
-            plan.context,
-            plan.environ,
-            plan.secrets,
-            AgentLog(err, plan.secrets.redact),
-        )
-    except InterruptedError:
-        return 130
+    log = AgentLog(err, plan.secrets.redact)
+    with SignalRelay() as relay:  # SIGINT or SIGTERM: stop at once
+        try:
+            plans = stage_job_weights(
+                plan.spec.job, plan.context, plan.environ, plan.secrets, log, lambda: relay.stopping
+            )
+        except InterruptedError:
+            number = relay.stop_signal or signal.SIGINT
+            log.info(f"staging stopped by {signal_name(number)} before it was done")
+            return 128 + number
     out.write(f"staged {len(plans)} weights source(s)\n")
     return 0
 
@@ -157,8 +160,7 @@ def cache(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         removed = node_cache.evict(budget)
         freed = sum(e.size for e in removed)
         out.write(
-            f"evicted {_entries(len(removed))} ({format_bytes(freed)}) "
-            f"from {node_cache.root}\n"
+            f"evicted {_entries(len(removed))} ({format_bytes(freed)}) from {node_cache.root}\n"
         )
         return 0
     entries = sorted(node_cache.entries(), key=lambda e: e.last_used, reverse=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import glob
 import hashlib
 import os
 import shutil
@@ -186,9 +187,18 @@ class NodeCache:
                 return path, True
             if not path.parent.is_dir():
                 path.parent.mkdir(parents=True, exist_ok=True)
+            self._clear_partials(path)
             fill(path)
             self.seal(path)
         return path, False
+
+    @staticmethod
+    def _clear_partials(path: Path) -> None:
+        """Remove what fills of the entry at ``path`` left unfinished (an agent stopped or
+        killed mid-download): with the entry's lock held, no one else is writing them."""
+        for partial in path.parent.glob(f".{glob.escape(path.name)}.*"):
+            if partial.name.endswith((".incomplete", ".tmp")):
+                partial.unlink(missing_ok=True)
 
     @staticmethod
     def seal(path: Path) -> None:

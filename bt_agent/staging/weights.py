@@ -388,7 +388,7 @@ class WeightsStager:
             tally.fetched(item, hit)
             progress.add(size)
 
-        each(one, items, FETCH_WORKERS, "bt-stage")
+        each(one, items, FETCH_WORKERS, "bt-stage", self.stopping)
 
     def _fetch_batch(
         self, plan: SourcePlan, misses: list[PlannedFile], progress: Progress, tally: _Tally

@@ -14,31 +14,53 @@ import contextlib
 import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, wait
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TypeVar
 
 from bt_agent.storage.base import ObjectInfo, ObjectStore, Upload, UploadResult, Wanted
-from bt_agent.storage.flight import wait_all
+from bt_agent.storage.flight import DaemonPool, wait_all
 from bt_agent.storage.keys import join_key, local_path, relative_key
 
 T = TypeVar("T")
 DEFAULT_WORKERS = 16
 #: Files staging fetches at once, a thread each (a large one in parallel ranges of its own).
 FETCH_WORKERS = 8
+#: How often a wait for the calls under way looks whether a stop was requested.
+STOP_POLL_SECONDS = 0.1
 #: Holds while a file is fetched to a path, of a size (a progress report's).
 UnderWay = Callable[[Path, int], AbstractContextManager[object]]
 
 
-def each(call: Callable[[T], object], items: Sequence[T], workers: int, name: str) -> None:
+def each(
+    call: Callable[[T], object],
+    items: Sequence[T],
+    workers: int,
+    name: str,
+    stopping: Callable[[], bool] = lambda: False,
+) -> None:
     """``call`` on every one of ``items``, ``workers`` at once on threads called ``name``.
     After a failure no call starts; the first error is raised once the calls under way have
-    ended (none is left writing a file the caller goes on to remove)."""
+    ended (none is left writing a file the caller goes on to remove). A stop requested
+    (``stopping()``) is raised at once (:class:`InterruptedError`): no call starts after it,
+    and those under way are left to end on their own or with the process (their threads are
+    daemons), each leaving at most its partial file (``*.incomplete``), never one in place. A
+    large file through a slow link must not hold a stopped agent past its grace period."""
     if not items:
         return
-    with ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix=name) as pool:
-        wait_all([pool.submit(call, item) for item in items])
+    pool = DaemonPool(min(workers, len(items)), name)
+    futures = [pool.submit(functools.partial(call, item)) for item in items]
+    pool.shutdown()
+    while True:
+        done, pending = wait(futures, STOP_POLL_SECONDS, FIRST_EXCEPTION)
+        if stopping():
+            for future in futures:
+                future.cancel()
+            raise InterruptedError("stop requested")
+        if not pending or any(f.exception() for f in done if not f.cancelled()):
+            break
+    wait_all(futures)
 
 
 def local_files(directory: Path) -> list[Path]:
@@ -110,7 +132,7 @@ def download_all(
     batch could not place, a thread each (a large one in parallel ranges of its own), each
     through ``attempt`` (which may retry it) and inside ``under_way(path, size)``.
     ``fetched(size)`` is told of each once it is in place, from any thread. A stop requested
-    (``stopping()``) ends it before the next file (:class:`InterruptedError`)."""
+    (``stopping()``) ends it at once, as :func:`each` says (:class:`InterruptedError`)."""
     for parent in {item.destination.parent for item in wanted}:
         parent.mkdir(parents=True, exist_ok=True)
     batched = [item for item in wanted if store.in_batches(item.expected.size)]
@@ -141,4 +163,4 @@ def download_all(
 
     if batched:
         store.download_batch(taken(), placed)
-    each(one, rest + list(small), workers, "bt-download")
+    each(one, rest + list(small), workers, "bt-download", stopping)
