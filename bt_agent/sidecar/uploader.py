@@ -797,10 +797,10 @@ class Sidecar:
         drain's rescan, not as the last periodic count had them) and until when at most."""
         if self._said_left or now - self._drain_began < SAY_LEFT_AFTER:
             return
+        self._said_left = True  # the rescan is taken: no file joins the backlog after this
         waiting, size = self._backlog()
         if not waiting:
             return
-        self._said_left = True
         left = max(self._deadline() - time.monotonic(), 0.0)
         self.log.info(
             f"checkpoints: {counted(len(waiting), 'file')} ({format_bytes(size)}) still to "

@@ -54,7 +54,7 @@ def each(
     pool.shutdown()
     while True:
         done, pending = wait(futures, STOP_POLL_SECONDS, FIRST_EXCEPTION)
-        if stopping():
+        if pending and stopping():  # all done: the caller's next look sees the stop
             for future in futures:
                 future.cancel()
             raise InterruptedError("stop requested")
