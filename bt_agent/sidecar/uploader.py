@@ -355,10 +355,16 @@ class Sidecar:
         """Files of the checkpoint dir open for writing now -> pids. Thread-safe."""
         return self.writers.scan(force=True)
 
+    def before_signals(self) -> None:
+        """The agent is about to pass a signal to the job's processes: a file their writers
+        have closed is judged whole now, before the signal can end them. Thread-safe."""
+        self.writers.before_signals()
+
     def ending_writers(self, why: str) -> dict[str, set[int]]:
         """The agent is about to end every process of the job (``why``): each checkpoint with a
         file still open for writing is held back. Returns those files. Thread-safe."""
         found = self.open_files()
+        self.writers.before_signals()
         tears: _Tears = {}
         for relative, pids in sorted(found.items()):
             if self.dir.relative(str(self.dir.root / relative)) is None:

@@ -114,14 +114,30 @@ def ended_while_writing(
     adopts). One whose status nobody kept (reaped by another parent, on a kernel that keeps
     none) counts as ended while writing, as a writer killed mid-file would: a file is then held
     back that may have been whole, never committed cut short."""
+    if (fields := _stat(pid)) is None:
+        return _gone_by_signal(pid, reaped, pidfd)
+    if not _ending(fields):
+        return False
+    return len(fields) <= _EXIT_CODE or int(fields[_EXIT_CODE]) & 0x7F != 0
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` from the state on; None once the process is gone."""
     try:
         line = (PROC / str(pid) / "stat").read_text()
     except OSError:
-        return _gone_by_signal(pid, reaped, pidfd)
-    fields = line[line.rindex(")") + 2 :].split()
-    if not (fields[0] in ("Z", "X", "x") or int(fields[6]) & _PF_EXITING):
-        return False
-    return len(fields) <= _EXIT_CODE or int(fields[_EXIT_CODE]) & 0x7F != 0
+        return None
+    return line[line.rindex(")") + 2 :].split()
+
+
+def _ending(fields: list[str]) -> bool:
+    """Whether the process of these stat fields is exiting or a zombie."""
+    return fields[0] in ("Z", "X", "x") or int(fields[6]) & _PF_EXITING != 0
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` lives and has not begun to exit."""
+    return (fields := _stat(pid)) is not None and not _ending(fields)
 
 
 def _gone_by_signal(
@@ -145,7 +161,9 @@ class Writers:
 
     :meth:`scan` runs on the sidecar's thread; :meth:`closed` on the watcher's, at the moment
     a file's close event arrives, so that a writer that closes its file and goes on is not
-    mistaken for one that ended while writing. A pidfd is held for each process seen writing
+    mistaken for one that ended while writing; :meth:`before_signals` on the agent's, just
+    before it signals the job's processes, so that one ended by the signal after it closed its
+    file is not mistaken either. A pidfd is held for each process seen writing
     (at most :data:`MAX_PIDFDS`) until every file it was seen writing has been judged, so that
     its exit status can be read after another process reaped it; :meth:`close` lets go of
     them."""
@@ -166,6 +184,7 @@ class Writers:
         self._open: dict[str, set[int]] = {}  # relative path -> pids, as of the last scan
         self._seen: dict[str, set[int]] = {}  # absolute path -> pids seen writing it since
         self._pidfds: dict[int, int] = {}  # pid seen writing -> a pidfd of it
+        self._closed_by_writer: set[str] = set()  # absolute paths judged before their event
         self._closed = False
         self.scanned_at = float("-inf")
 
@@ -204,6 +223,9 @@ class Writers:
         (the close event comes a little after the close), while its status can be read."""
         real = self._prefix + path[len(self._watched) :] if path.startswith(self._watched) else path
         with self._lock:
+            if real in self._closed_by_writer:  # judged before the agent signalled its writer
+                self._closed_by_writer.discard(real)
+                return False
             pids = self._seen.pop(real, set())
             pidfds = {pid: self._pidfds[pid] for pid in pids if pid in self._pidfds}
         try:
@@ -212,6 +234,29 @@ class Writers:
             )
         finally:
             self._let_go(pidfds)
+
+    def before_signals(self) -> None:
+        """The agent is about to signal the job's processes (a stop it forwards, the end of
+        what is left behind): each file seen written that none of its writers holds open any
+        more, while every one of them still runs, was closed by them, whatever the signal
+        then does to them; that is kept for its close event, which may come after. Only the
+        processes seen writing are looked at, so that a stop is passed on without delay."""
+        with self._lock:
+            seen = {path: set(pids) for path, pids in self._seen.items()}
+        if not seen:
+            return
+        still_open = open_for_writing(self._prefix, set().union(*seen.values()))
+        judged: set[int] = set()
+        with self._lock:
+            for path, pids in seen.items():
+                if path in still_open or self._seen.get(path) != pids:
+                    continue  # open, or judged or written again meanwhile: its event decides
+                if all(_running(pid) for pid in pids):
+                    del self._seen[path]
+                    self._closed_by_writer.add(path)
+                    judged |= pids
+            pidfds = {pid: self._pidfds[pid] for pid in judged if pid in self._pidfds}
+        self._let_go(pidfds)
 
     def _let_go(self, pidfds: dict[int, int]) -> None:
         """Close those of ``pidfds`` whose process is not seen writing another file."""

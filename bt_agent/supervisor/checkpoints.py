@@ -109,6 +109,11 @@ class CheckpointUploads:
         """Checkpoint files open for writing now -> pids (none when checkpointing is off)."""
         return self.sidecar.open_files() if self.sidecar is not None else {}
 
+    def before_signals(self) -> None:
+        """The agent is about to signal the job's processes: what they closed is whole."""
+        if self.sidecar is not None:
+            self.sidecar.before_signals()
+
     def ending_writers(self, why: str) -> None:
         """The agent is about to end the job's processes: what they still write is torn."""
         if self.sidecar is not None:

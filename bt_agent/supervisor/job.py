@@ -425,7 +425,10 @@ class JobRunner:
 
     def _forward(self, number: int) -> None:
         """Pass a signal on: to the command's process group, and for a stop signal to every
-        descendant too (torchrun's workers live in sessions of their own)."""
+        descendant too (torchrun's workers live in sessions of their own). What they had
+        closed before it is told to the sidecar first: a writer the signal ends after it
+        closed its file is not mistaken for one that ended while writing."""
+        self._checkpoints.before_signals()
         child = self._child
         if child is not None:
             child.signal_group(number)

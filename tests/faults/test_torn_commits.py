@@ -385,6 +385,50 @@ def test_a_writer_that_closes_and_exits_at_once_is_not_torn(tmp_path: Path) -> N
         )
 
 
+# A writer that closes its file once told to, then lives on until a signal ends it.
+CLOSE_AND_LINGER = """
+import os, sys, time
+handle = open(sys.argv[1], "wb")
+handle.write(b"x" * 1000)
+handle.flush()
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.01)
+handle.close()
+open(sys.argv[3], "w").close()
+time.sleep(60)
+"""
+
+
+def test_a_writer_a_signal_ends_after_it_closed_its_file_is_not_torn(tmp_path: Path) -> None:
+    """A writer closes its file (a trainer's last save, an async checkpointer) and lives on
+    for a moment: its interpreter's teardown. The agent, seeing nothing open any more, ends
+    what the commands left behind (or passes on a stop) before the close event reaches the
+    sidecar, which is slow on a busy node, and the signal ends the writer. The agent tells
+    the sidecar before it signals: the file was closed by its writer. A file still open then
+    is cut short by the signal, as before."""
+    writers = Writers(tmp_path)
+    whole, cut, go, closed = (tmp_path / name for name in ("whole.pt", "cut.pt", "go", "closed"))
+    closing = subprocess.Popen([sys.executable, "-c", CLOSE_AND_LINGER, whole, go, closed])
+    holding = subprocess.Popen([sys.executable, "-c", CLOSE_AND_LINGER, cut, tmp_path / "no", go])
+    try:
+        wait_for(lambda: whole.exists() and cut.exists(), 10, "the writers to open")
+        wait_for(partial(_sees, writers, {"whole.pt", "cut.pt"}), 10, "the writers seen")
+        go.touch()
+        wait_for(closed.exists, 10, "the first writer to close its file")
+        writers.before_signals()
+        for process in (closing, holding):
+            process.send_signal(signal.SIGTERM)
+            _zombie(process)
+        assert writers.closed(str(whole)) is False, "closed by its writer before the signal"
+        assert writers.closed(str(cut)) is True, "closed by the end the signal brought"
+    finally:
+        for process in (closing, holding):
+            process.kill()
+            process.wait()
+    writers.close()
+    assert not writers._pidfds, "none held once judged"
+
+
 def test_a_writer_reaped_before_its_close_is_seen_is_judged_by_its_reaper(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
