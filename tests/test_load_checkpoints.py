@@ -288,3 +288,63 @@ def test_a_corrupted_file_among_many_is_refused_on_an_object_store(
     assert result.code == 3 and "sha256" in result.err and "shards/007.bin" in result.err
     base = loaded(agent)
     assert not base.exists() or list(base.rglob("*")) == [], "no partial checkpoint left"
+
+
+def test_a_stopped_checkpoint_download_ends_at_once_and_leaves_nothing_behind(
+    agent: Agent, own_s3: servers.SeaweedFS
+) -> None:
+    """Ctrl-C (SIGINT) or SIGTERM while `bt-agent checkpoints download` fetches a checkpoint
+    through a slow link (the whole would take over half a minute): it ends at once, says so,
+    exits 128+N, and leaves no file in the download folder, partial or whole, once it has
+    ended. What one killed outright (SIGKILL) left is removed by the next download of the
+    checkpoint, which completes."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from far_link import FarLink
+    from helpers import finish, wait_for
+
+    files = {f"shards/{i:03}.bin": os.urandom(4096) for i in range(300)}
+    files["model.safetensors"] = os.urandom(32 << 20)
+    with open_store("s3://store/bt", Environ(own_s3.client_env())) as store:
+        commit(agent, "p", "far1234", "checkpoint-3", files, "2026-01-01T01:00:00Z", store=store)
+    config = agent.root / "deploy.json"
+    wanted = [{"training_job_id": "far1234", "checkpoint_name": "checkpoint-3"}]
+    config.write_text(json.dumps({"checkpoints": wanted, "download_folder": "/dl"}))
+    folder = agent.node_root / "dl"
+    command = ["checkpoints", "download", str(config), "--store", "s3://store/bt"]
+    command += ["--node-root", str(agent.node_root)]
+    far = FarLink(own_s3.port, 0.0, 1e6)
+    try:
+        slow = agent.full_env({**own_s3.client_env(), "AWS_ENDPOINT_URL": far.endpoint})
+        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+            process = subprocess.Popen(
+                [sys.executable, "-m", "bt_agent", *command],
+                env=slow,
+                stderr=open(agent.root / "agent.err", "w"),  # noqa: SIM115 (closed with it)
+                stdout=subprocess.DEVNULL,
+            )
+            wait_for(lambda: any(folder.rglob("*.incomplete")), 30, "the download")
+            sent = time.monotonic()
+            process.send_signal(number)
+            if number == signal.SIGKILL:
+                assert process.wait(10) == -signal.SIGKILL
+                killed = [path for path in folder.rglob("*") if ".loading-" in str(path)]
+                assert any(path.is_file() for path in killed), "SIGKILL left its files"
+                break
+            assert finish(process, 30, agent) == 128 + number, agent.output()
+            assert time.monotonic() - sent < 5, "the stop waited on the download"
+            said = (agent.root / "agent.err").read_text()
+            assert f"stopped by {signal.Signals(number).name} before it was done" in said, said
+            left = [path for path in folder.rglob("*") if not path.is_dir()]
+            assert left == [], f"{signal.Signals(number).name} left {left[:3]}"
+    finally:
+        far.close()
+    result = agent(*command, env=own_s3.client_env())
+    assert result.code == 0, result.text
+    target = folder / "far1234/rank-0/checkpoint-3"
+    assert (target / "model.safetensors").read_bytes() == files["model.safetensors"]
+    assert sorted(p.name for p in folder.rglob("*") if p.name.startswith(".")) == []

@@ -7,6 +7,7 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -29,6 +30,7 @@ from bt_agent.supervisor.plan import JobPlan
 
 if TYPE_CHECKING:
     from bt_agent.browse import CheckpointBrowser
+    from bt_agent.log import AgentLog
 
 FOLLOW_INTERVAL_SECONDS = 0.5
 PROGRESS_SECONDS = 1.0  # between the lines of `store reindex`'s progress
@@ -119,22 +121,33 @@ def validate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def stage(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from bt_agent.log import AgentLog
     from bt_agent.staging.weights import stage_job_weights
-    from bt_agent.supervisor.process import signal_name
-    from bt_agent.supervisor.signals import SignalRelay
 
     plan = _plan(args, Environ.current())
     log = AgentLog(err, plan.secrets.redact)
-    with SignalRelay() as relay:  # SIGINT or SIGTERM: stop at once
+
+    def work(stopping: Callable[[], bool]) -> int:
+        ctx, environ, secrets = plan.context, plan.environ, plan.secrets
+        plans = stage_job_weights(plan.spec.job, ctx, environ, secrets, log, stopping)
+        out.write(f"staged {len(plans)} weights source(s)\n")
+        return 0
+
+    return _stoppable("staging", log, work)
+
+
+def _stoppable(what: str, log: AgentLog, work: Callable[[Callable[[], bool]], int]) -> int:
+    """``work(stopping)``'s exit code; SIGINT (Ctrl-C) or SIGTERM make ``stopping()`` true,
+    and the :class:`InterruptedError` the work then raises at once is said on ``log`` and
+    ends the command with 128+N, as ``run`` does."""
+    from bt_agent.supervisor.process import signal_name
+    from bt_agent.supervisor.signals import SignalRelay
+
+    with SignalRelay() as relay:
         try:
-            plans = stage_job_weights(
-                plan.spec.job, plan.context, plan.environ, plan.secrets, log, lambda: relay.stopping
-            )
+            return work(lambda: relay.stopping)
         except InterruptedError:
             number = relay.stop_signal or signal.SIGINT
-            log.info(f"staging stopped by {signal_name(number)} before it was done")
+            log.info(f"{what} stopped by {signal_name(number)} before it was done")
             return 128 + number
-    out.write(f"staged {len(plans)} weights source(s)\n")
-    return 0
 
 
 def cache(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -299,10 +312,15 @@ def _download_for_serving(args: argparse.Namespace, out: TextIO, err: TextIO) ->
     wanted = serving.parse(text, args.config)
     folder = _layout(args, environ).host(wanted.download_folder)
     catalog = _catalog(args, environ, err)
-    for target in serving.download(catalog, wanted, folder, AgentLog(err)):
-        out.write(f"{target}\n")
-        out.flush()
-    return 0
+    log = AgentLog(err)
+
+    def work(stopping: Callable[[], bool]) -> int:
+        for target in serving.download(catalog, wanted, folder, log, stopping):
+            out.write(f"{target}\n")
+            out.flush()
+        return 0
+
+    return _stoppable("the download", log, work)
 
 
 def jobs(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

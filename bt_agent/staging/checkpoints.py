@@ -12,6 +12,7 @@ nodes, else rank 0, and says which.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
 from collections.abc import Callable
@@ -194,8 +195,9 @@ def download_checkpoint(
     ``fetched(size)`` is told of each file once it is in place, from any thread, and
     ``under_way(path, size)`` (:meth:`Progress.fetching`) holds while a file is fetched one by
     one."""
-    partial = target.with_name(f".{target.name}.loading-{os.getpid()}")
+    partial = target.with_name(f"{_loading_prefix(target)}{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
+    _clear_abandoned(target)
     m = manifest
     prefix = checkpoint_prefix(m.project, m.job_id, m.node_rank, m.checkpoint)
     wanted = [
@@ -221,6 +223,32 @@ def download_checkpoint(
         os.replace(partial, target)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
+
+
+def _loading_prefix(target: Path) -> str:
+    """How the name of a directory a checkpoint is downloaded into before ``target`` begins
+    (the downloading process's pid follows)."""
+    return f".{target.name}.loading-"
+
+
+def _clear_abandoned(target: Path) -> None:
+    """Remove what downloads of ``target`` by processes that are gone left (killed outright:
+    SIGKILL, the container's end); those of a process still running are its own."""
+    prefix = _loading_prefix(target)
+    for stale in target.parent.glob(f"{glob.escape(prefix)}*"):
+        pid = stale.name[len(prefix) :]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def download_reporting(

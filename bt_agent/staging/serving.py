@@ -6,7 +6,7 @@ verification as loading."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,12 +86,19 @@ def parse(text: str, origin: str) -> CheckpointList:
 
 
 def download(
-    catalog: Catalog, checkpoints: CheckpointList, folder: Path, log: AgentLog
+    catalog: Catalog,
+    checkpoints: CheckpointList,
+    folder: Path,
+    log: AgentLog,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> Iterator[Path]:
     """Each checkpoint into ``folder``'s serving layout, yielded once it is whole, with
-    progress lines on ``log`` while it comes."""
+    progress lines on ``log`` while it comes. A stop requested (``stopping()``) ends it at
+    once with :class:`InterruptedError`, leaving no file of the checkpoint under way."""
     for index, item in enumerate(checkpoints.checkpoints):
+        if stopping():
+            raise InterruptedError("stop requested")
         manifest = resolve(catalog, item, None)
         target = folder / item.job_id / f"rank-{item.rank}" / manifest.checkpoint
-        download_reporting(catalog, manifest, target, f"checkpoints[{index}]", log)
+        download_reporting(catalog, manifest, target, f"checkpoints[{index}]", log, stopping)
         yield target
