@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -463,6 +464,34 @@ def test_eviction_keeps_entries_in_use(tmp_path: Path) -> None:
     assert paths[3].exists()
 
 
+def test_partial_files_no_fill_is_making_are_cleared_and_those_under_way_kept(
+    tmp_path: Path,
+) -> None:
+    """A staging stopped or killed mid-file leaves a partial file of its entry; the next fill
+    of that entry removes it, but one never staged again kept it for good, counted by no
+    budget. ``clear_abandoned`` (``cache prune``, and staging with a budget) removes those
+    whose entry's lock is free, and leaves the partial file of a fill under way (its lock
+    held)."""
+    cache = NodeCache(tmp_path / "cache")
+    whole, _ = cache.ensure(entry_id("whole"), 10, lambda p: p.write_bytes(bytes(10)))
+    left, busy = entry_id("left"), entry_id("busy")
+    cache.prepare([left, busy])
+    abandoned = cache.path(left).with_name(f".{left}.99999.1.incomplete")
+    copied = cache.path(left).with_name(f".{left}.99999.7.tmp")  # from the cluster tier
+    under_way = cache.path(busy).with_name(f".{busy}.{os.getpid()}.1.incomplete")
+    for path in (abandoned, copied, under_way):
+        path.write_bytes(bytes(3000))
+    claim = cache.claim(busy)
+    assert claim is not None
+    try:
+        removed = cache.clear_abandoned()
+    finally:
+        claim.release()
+    assert sorted(e.path for e in removed) == sorted([abandoned, copied])
+    assert sum(e.size for e in removed) == 6000
+    assert under_way.exists() and whole.exists()
+
+
 def test_cluster_tier_serves_a_second_node(
     agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
 ) -> None:
@@ -549,8 +578,13 @@ def test_stage_and_cache_commands(
     assert "evicted 0 entries (0 B)" in pruned.out, "mounted entries are kept"
     for path in (agent.node_root / "d").iterdir():
         path.unlink()
+    objects = agent.node_root / "var/cache/bt-agent/node/objects"
+    entry = next(objects.glob("*/*"))  # a killed staging of it left its partial file
+    entry.with_name(f".{entry.name}.99999.1.incomplete").write_bytes(bytes(500))
     pruned = agent("cache", "prune", *node, "--max-bytes", "1500")
     assert "evicted 2 entries (2.0 KB)" in pruned.out
+    assert "removed 1 partial file (500 B) that stopped downloads left" in pruned.out
+    assert not list(objects.glob("*/.*")), pruned.text
 
 
 def test_an_entry_written_to_through_a_mount_is_fetched_again(
@@ -611,9 +645,13 @@ def test_the_cache_budget_takes_a_unit_and_refuses_what_is_no_size(
 
     first = spec({f"f{i}.bin": bytes([i]) * 1000 for i in range(3)})
     assert agent("stage", first, *agent.context_args(), env=env).code == 0
+    entry = next(agent.node_root.glob("var/cache/bt-agent/node/objects/*/*"))
+    entry.with_name(f".{entry.name}.99999.1.incomplete").write_bytes(bytes(5000))  # killed
     budget = {**env, "BT_NODE_CACHE_MAX_BYTES": "2K"}
     second = agent("stage", spec({"g.bin": bytes(1000)}), *agent.context_args(), env=budget)
     assert second.code == 0, second.text  # the first source's mount is gone: evictable
+    said = "node cache: removed 1 partial file (5.0 KB) that stopped downloads left"
+    assert said in second.err, second.err
     assert "node cache: evicted 2 least recently used entries" in second.err, second.err
     wrong = {**env, "BT_NODE_CACHE_MAX_BYTES": "lots"}
     said = "BT_NODE_CACHE_MAX_BYTES: 'lots' is not a size; write bytes"

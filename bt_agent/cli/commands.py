@@ -157,7 +157,7 @@ def cache(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         NODE_CACHE_MAX_BYTES_VARIABLE,
         parse_size,
     )
-    from bt_agent.staging.cache import NodeCache
+    from bt_agent.staging.cache import NodeCache, left_by_stops
 
     environ = Environ.current()
     node_cache = NodeCache.for_node(
@@ -170,11 +170,14 @@ def cache(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 budget = parse_size(environ.get(NODE_CACHE_MAX_BYTES_VARIABLE) or "0")
             except ValueError as exc:
                 raise UsageError(f"{NODE_CACHE_MAX_BYTES_VARIABLE}: {exc}") from None
+        abandoned = node_cache.clear_abandoned()
         removed = node_cache.evict(budget)
         freed = sum(e.size for e in removed)
         out.write(
             f"evicted {_entries(len(removed))} ({format_bytes(freed)}) from {node_cache.root}\n"
         )
+        if abandoned:
+            out.write(f"removed {left_by_stops(abandoned)}\n")
         return 0
     entries = sorted(node_cache.entries(), key=lambda e: e.last_used, reverse=True)
     table = args.output == "table"  # sizes and flags for people; bytes and booleans otherwise

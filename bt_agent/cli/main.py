@@ -162,7 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
     cache_commands = cache.add_subparsers(dest="cache_command", metavar="SUBCOMMAND", required=True)
     for name, text in (
         ("summarize", "entries, sizes and last use"),
-        ("prune", "evict least recently used entries no job has mounted"),
+        (
+            "prune",
+            "evict least recently used entries no job has mounted; remove partial files "
+            "that stopped stagings left",
+        ),
     ):
         sub = cache_commands.add_parser(name, help=text)
         _add_node_root(sub)

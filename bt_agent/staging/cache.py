@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from bt_agent.log import counted, format_bytes
 from bt_agent.settings import NODE_CACHE_CONTAINER_DIR
 
 #: Where ``F_OFD_SETLK`` is missing: hex digits of an entry id that pick its lock file.
@@ -50,6 +51,9 @@ ENTRY_MODE = 0o444
 #: The modification time of every placed entry (1980-01-01, the epoch of reproducible builds):
 #: any write to the file since sets its own.
 SEALED_MTIME_NS = 315_532_800 * 10**9
+#: How the names of partial files end: a download's, and a copy's from the cluster tier. They
+#: begin with a dot and the entry's id (``.<entry>.<pid>.<n>.incomplete``).
+PARTIAL_SUFFIXES = (".incomplete", ".tmp")
 
 
 def copy_atomic(source: Path, target: Path) -> None:
@@ -92,6 +96,12 @@ class Entry:
     size: int
     last_used: float
     in_use: bool
+
+
+def left_by_stops(partials: list[Entry]) -> str:
+    """What :meth:`NodeCache.clear_abandoned` removed, in words."""
+    size = format_bytes(sum(e.size for e in partials))
+    return f"{counted(len(partials), 'partial file')} ({size}) that stopped downloads left"
 
 
 class NodeCache:
@@ -197,8 +207,31 @@ class NodeCache:
         """Remove what fills of the entry at ``path`` left unfinished (an agent stopped or
         killed mid-download): with the entry's lock held, no one else is writing them."""
         for partial in path.parent.glob(f".{glob.escape(path.name)}.*"):
-            if partial.name.endswith((".incomplete", ".tmp")):
+            if partial.name.endswith(PARTIAL_SUFFIXES):
                 partial.unlink(missing_ok=True)
+
+    def clear_abandoned(self) -> list[Entry]:
+        """Remove the partial files no fill is making any more (their entry's lock is free):
+        those a staging stopped or killed left of an entry never staged again, which no
+        budget counts. Returns them."""
+        removed: list[Entry] = []
+        if not self.objects.is_dir():
+            return removed
+        for partial in self.objects.glob("*/.*"):
+            if not partial.name.endswith(PARTIAL_SUFFIXES):
+                continue
+            claim = self.claim(partial.name[1:].split(".", 1)[0])
+            if claim is None:
+                continue  # being filled now
+            try:
+                status = partial.stat()
+                partial.unlink()
+            except FileNotFoundError:
+                continue
+            finally:
+                claim.release()
+            removed.append(Entry(partial, status.st_size, status.st_atime, False))
+        return removed
 
     @staticmethod
     def seal(path: Path) -> None:

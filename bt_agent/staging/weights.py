@@ -30,7 +30,14 @@ from bt_agent.settings import (
     Environ,
 )
 from bt_agent.spec.models import TrainingJob, WeightsSource
-from bt_agent.staging.cache import ENTRY_MODE, Claim, NodeCache, copy_atomic, entry_id
+from bt_agent.staging.cache import (
+    ENTRY_MODE,
+    Claim,
+    NodeCache,
+    copy_atomic,
+    entry_id,
+    left_by_stops,
+)
 from bt_agent.staging.patterns import anywhere, left_in_subdirectories, selected
 from bt_agent.staging.progress import Progress
 from bt_agent.storage import ObjectInfo, ObjectStore, open_store
@@ -196,6 +203,8 @@ def stage_job_weights(
     stager = WeightsStager(cache, log, environ, secrets.values, host, stopping, cluster, trained)
     plans = stager.stage(job.weights)
     if context.cache_budget is not None:
+        if abandoned := cache.clear_abandoned():
+            log.info(f"node cache: removed {left_by_stops(abandoned)}")
         removed = cache.evict(context.cache_budget)
         if removed:
             freed = format_bytes(sum(e.size for e in removed))
