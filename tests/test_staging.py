@@ -585,6 +585,10 @@ def test_stage_and_cache_commands(
     assert "evicted 2 entries (2.0 KB)" in pruned.out
     assert "removed 1 partial file (500 B) that stopped downloads left" in pruned.out
     assert not list(objects.glob("*/.*")), pruned.text
+    elsewhere = agent("cache", "summarize", "--node-root", str(agent.root / "no-node"))
+    assert elsewhere.code == 0 and "0 entries" in elsewhere.out, elsewhere.text
+    said = "no-node/var/cache/bt-agent/node does not exist: no staging has used this cache; "
+    assert said + "check --node-root (or $BT_NODE_ROOT)" in elsewhere.err, elsewhere.err
 
 
 def test_an_entry_written_to_through_a_mount_is_fetched_again(

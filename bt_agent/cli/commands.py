@@ -160,9 +160,17 @@ def cache(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from bt_agent.staging.cache import NodeCache, left_by_stops
 
     environ = Environ.current()
-    node_cache = NodeCache.for_node(
-        _layout(args, environ).host, environ.get(NODE_CACHE_DIR_VARIABLE)
-    )
+    given = environ.get(NODE_CACHE_DIR_VARIABLE)
+    node_cache = NodeCache.for_node(_layout(args, environ).host, given)
+    if not node_cache.root.exists():  # a typo, or the node root of a local run left out
+        where = (
+            f"${NODE_CACHE_DIR_VARIABLE}"
+            if given
+            else f"--node-root (or ${CONTEXT_VARIABLES['node_root']})"
+        )
+        _warn(
+            f"{node_cache.root} does not exist: no staging has used this cache; check {where}", err
+        )
     if args.cache_command == "prune":
         budget = args.max_bytes
         if budget is None:
