@@ -202,9 +202,13 @@ class JobRunner:
         if reporter.flush(lambda: self._records_deadline(patience)):
             self._claim.release()  # the store is there: no wait on it past the deadline
             return
+        if self._records_deadline(patience) < patience:  # a stop's grace period ended first
+            why = f"before the {self.plan.context.grace_period:g} s grace period ended"
+        else:
+            why = f"while the store stayed unreachable ({self._outage_seconds:g} s)"
         self.log.error(
-            f"the store stayed unreachable: the node record ({outcome.status.short}) and "
-            "log could not be saved; the exit code is the job's"
+            f"the node record ({outcome.status.short}) and log could not be saved {why}; "
+            "the exit code is the job's"
         )
 
     # --- DEPLOYING -------------------------------------------------------------------------

@@ -151,6 +151,48 @@ def test_store_down_when_the_job_starts_and_when_it_ends(
     assert "the store is reachable again" in agent.output()
 
 
+@pytest.mark.parametrize("ending", ["stopped", "ended"])
+def test_records_the_store_never_took_are_said_with_what_ended_the_wait(
+    agent: Agent, own_s3: servers.SeaweedFS, ending: str
+) -> None:
+    """The store goes down for good while the commands run. Stopped (SIGTERM, a grace period
+    of 3 s), the agent ends within the grace period and says the records could not be saved
+    before it ended (it said the store "stayed unreachable", having waited 3 s, not the
+    outage wait); ending on its own, it waits out the outage (here 3 s) and says so. Either
+    way the exit code is the job's."""
+    import signal
+
+    env = {**own_s3.client_env(), "BT_STORE_OUTAGE_SECONDS": "3"}
+    flag = agent.root / "go"
+    job = {
+        "image": {"base_image": "x"},
+        "runtime": {"start_commands": [f"while [ ! -e {flag} ]; do sleep 0.1; done"]},
+    }
+    process = agent.start(
+        job, "--job-id", "outr001", "--store", "s3://store/bt", "--grace-period", "3", env=env
+    )
+    wait_for(lambda: "start_commands[0]" in agent.output(), 60, "the commands to start")
+    own_s3.stop()
+    if ending == "stopped":
+        process.send_signal(signal.SIGTERM)
+    else:
+        flag.touch()
+    sent = time.monotonic()
+    code = finish(process, 60, agent)
+    took = time.monotonic() - sent
+    if ending == "stopped":
+        assert code == 143 and took < 3.5, (took, agent.output())
+        why = "before the 3 s grace period ended"
+    else:
+        assert code == 0 and took >= 3, (took, agent.output())
+        why = "while the store stayed unreachable (3 s)"
+    status = "STOPPED" if ending == "stopped" else "COMPLETED"
+    said = (
+        f"the node record ({status}) and log could not be saved {why}; the exit code is the job's"
+    )
+    assert said in agent.output(), agent.output()
+
+
 @pytest.mark.parametrize("transport", ["http", "https"])
 def test_store_outage_of_20_seconds_loses_nothing(
     agent: Agent, own_s3: servers.SeaweedFS, transport: str
