@@ -327,6 +327,9 @@ while not os.path.exists(sys.argv[2]):
     time.sleep(0.01)
 handle.write(b"y" * 1000)
 handle.close()
+if len(sys.argv) > 3:  # say it is closed, then live on until a signal ends it
+    open(sys.argv[3], "w").close()
+    time.sleep(60)
 """
 
 
@@ -385,20 +388,6 @@ def test_a_writer_that_closes_and_exits_at_once_is_not_torn(tmp_path: Path) -> N
         )
 
 
-# A writer that closes its file once told to, then lives on until a signal ends it.
-CLOSE_AND_LINGER = """
-import os, sys, time
-handle = open(sys.argv[1], "wb")
-handle.write(b"x" * 1000)
-handle.flush()
-while not os.path.exists(sys.argv[2]):
-    time.sleep(0.01)
-handle.close()
-open(sys.argv[3], "w").close()
-time.sleep(60)
-"""
-
-
 def test_a_writer_a_signal_ends_after_it_closed_its_file_is_not_torn(tmp_path: Path) -> None:
     """A writer closes its file (a trainer's last save, an async checkpointer) and lives on
     for a moment: its interpreter's teardown. The agent, seeing nothing open any more, ends
@@ -408,8 +397,8 @@ def test_a_writer_a_signal_ends_after_it_closed_its_file_is_not_torn(tmp_path: P
     is cut short by the signal, as before."""
     writers = Writers(tmp_path)
     whole, cut, go, closed = (tmp_path / name for name in ("whole.pt", "cut.pt", "go", "closed"))
-    closing = subprocess.Popen([sys.executable, "-c", CLOSE_AND_LINGER, whole, go, closed])
-    holding = subprocess.Popen([sys.executable, "-c", CLOSE_AND_LINGER, cut, tmp_path / "no", go])
+    closing = subprocess.Popen([sys.executable, "-c", HOLD_OPEN, whole, go, closed])
+    holding = subprocess.Popen([sys.executable, "-c", HOLD_OPEN, cut, tmp_path / "no", go])
     try:
         wait_for(lambda: whole.exists() and cut.exists(), 10, "the writers to open")
         wait_for(partial(_sees, writers, {"whole.pt", "cut.pt"}), 10, "the writers seen")
