@@ -47,7 +47,8 @@ def test_stop_signal_while_running(agent: Agent, number: int, code: int) -> None
     assert signal.Signals(number).name in signals.read_text()
     node = _node(agent)
     assert node["status"] == "TRAINING_JOB_STOPPED" and node["exit_code"] == code
-    assert str(node["error"]).startswith(f"stopped by {signal.Signals(number).name} after ")
+    said = f"stopped by {signal.Signals(number).name} (the commands ended "
+    assert str(node["error"]).startswith(said), node["error"]
     assert "never" not in agent.output()
 
 

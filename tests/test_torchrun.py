@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -44,7 +45,9 @@ def test_sigterm_reaches_every_torchrun_worker(agent: Agent) -> None:
         assert handled - sent < 1.0, f"worker {rank} got SIGTERM {handled - sent:.3f} s later"
     node = json.loads(next(agent.store.glob("projects/*/jobs/*/nodes/rank-0.json")).read_text())
     assert node["status"] == "TRAINING_JOB_STOPPED"
-    assert node["error"].startswith("stopped by SIGTERM after ")
+    assert re.fullmatch(
+        r"stopped by SIGTERM \(the commands ended \d+\.\d s after it\)", node["error"]
+    )
 
 
 def _two_node_job(port: int, extra_env: dict[str, str] | None = None) -> dict[str, object]:

@@ -449,7 +449,7 @@ class JobRunner:
             )
         else:
             elapsed = time.monotonic() - (self.relay.stop_time or time.monotonic())
-            reason = f"stopped by {name} after {elapsed:.1f} s"
+            reason = f"stopped by {name} (the commands ended {elapsed:.1f} s after it)"
         return Outcome(JobStatus.STOPPED, 128 + number, reason)
 
     # --- shutdown --------------------------------------------------------------------------
