@@ -945,7 +945,11 @@ def test_azure_weights_through_a_sas_token_that_must_allow_listing(
     with pytest.raises(StagingError) as refused:
         stager.stage([WeightsSource(url, "/other", auth_secret_name="sas_read_only")])
     said = str(refused.value)
-    assert "access denied (403); check that the SAS token has not expired and allows" in said
+    assert (
+        "access denied (403 AuthorizationPermissionMismatch: This request is not authorized "
+        in said
+    )
+    assert "); check that the SAS token has not expired and allows" in said
     assert "read and list for weights" in said
     assert "sig=" not in said and read_only.split("sig=")[1][:20] not in said
 

@@ -659,6 +659,8 @@ def test_wrong_credentials(backend: Backend, s3_server: servers.SeaweedFS) -> No
     with pytest.raises(AccessDeniedError) as caught:
         list(bad.list())
     assert "access denied" in str(caught.value) and url in str(caught.value)
+    said = "(403 SignatureDoesNotMatch: The request signature we calculated"  # the service's
+    assert said in str(caught.value), caught.value
     assert wrong not in str(caught.value)
     assert isinstance(caught.value, PermissionError)
     for single_object in (lambda: bad.stat("any.bin"), lambda: bad.write_bytes("any.bin", b"x")):

@@ -98,6 +98,9 @@ _CAUSE = re.compile(r'(?:message|error): "([^"]+)"')
 #: expired, a credential_process that failed), as the engine reports it.
 _PROVIDER_FAILED = re.compile(r"credential provider: (\w+): ([^\n]+)")
 _NO_CONTAINER = re.compile(r"<Code>(NoSuchBucket|ContainerNotFound)</Code>")
+#: The service's own code and words for what it refused (the XML errors of S3 and Azure; the
+#: words' first line: Azure's go on with a request id and a time).
+_SERVICE_SAID = re.compile(r"<Code>([^<]+)</Code>\s*<Message>([^<\n]*)")
 #: An object whose name the engine cannot take (a control character, an empty segment).
 _UNREADABLE_NAME = re.compile(r'Error parsing Path "(.*?)": ([^\n]*)', re.S)
 _RETRYABLE = re.compile(r"SlowDown|RequestTimeout|InternalError|ServiceUnavailable|Throttl|Busy")
@@ -388,8 +391,10 @@ class EngineStore(ObjectStore):
             "401",
             "403",
         ):
+            said_so = _SERVICE_SAID.search(text)
+            why = f" {said_so.group(1)}: {said_so.group(2).strip()}" if said_so else ""
             return AccessDeniedError(
-                f"{uri}: access denied ({code or 'forbidden'}); {self.access_hint()}", uri
+                f"{uri}: access denied ({code or 'forbidden'}{why}); {self.access_hint()}", uri
             )
         if isinstance(exc, engine.PreconditionError):  # If-Match: another version is there
             return self.changed(key)
