@@ -99,12 +99,26 @@ class JobRunner:
         """Run the job to a terminal state and return the agent's exit code."""
         if not become_subreaper():
             self.log.warning("cannot become a child subreaper: orphans will not be reaped here")
-        with self.relay:
+        with (
+            self.relay,
+            tempfile.NamedTemporaryFile("w+", prefix="bt-agent-", suffix=".log") as log_file,
+        ):
+            self.log.copy = log_file
+            self._say_what_runs()  # before the store is asked anything: it may be far or down
             try:
                 self._before_commands(self._claim.take)
             except InterruptedError:
                 return self._stopped_outcome().exit_code
-            return self._run_claimed()
+            return self._run_claimed(log_file)
+
+    def _say_what_runs(self) -> None:
+        ctx = self.plan.context
+        self.log.info(
+            f"job {ctx.job_id} (project {ctx.project}), node {ctx.node_rank} of "
+            f"{ctx.group_size}, store {ctx.store_url}"
+        )
+        for warning in ctx.warnings:
+            self.log.warning(warning)
 
     def _before_commands(self, call: Callable[[], object]) -> None:
         """``call()``, an outage of the store waited out, before any command runs: a store that
@@ -114,14 +128,10 @@ class JobRunner:
         except StoreError as exc:
             raise StoreUnusableError(f"{exc}; the job did not start (no command ran)") from exc
 
-    def _run_claimed(self) -> int:
-        with (
-            tempfile.NamedTemporaryFile("w+", prefix="bt-agent-", suffix=".log") as log_file,
-            StoreReporter(
-                self.catalog.write_node, Path(log_file.name), self._upload_log, self.log
-            ) as self._reporter,
-        ):
-            self.log.copy = log_file
+    def _run_claimed(self, log_file: IO[str]) -> int:
+        with StoreReporter(
+            self.catalog.write_node, Path(log_file.name), self._upload_log, self.log
+        ) as self._reporter:
             self.relay.forward = self._forward
             outcome = self._phases(log_file)
             self._wait_for_writers()
@@ -148,12 +158,6 @@ class JobRunner:
         except InterruptedError:
             return self._stopped_outcome()
         self._enter(JobStatus.CREATED)
-        self.log.info(
-            f"job {ctx.job_id} (project {ctx.project}), node {ctx.node_rank} of "
-            f"{ctx.group_size}, store {ctx.store_url}"
-        )
-        for warning in ctx.warnings:
-            self.log.warning(warning)
         self._enter(JobStatus.DEPLOYING)
         try:
             self._deploy()

@@ -122,8 +122,9 @@ def test_store_down_for_20_seconds_while_checkpoints_load(
 def test_store_down_when_the_job_starts_and_when_it_ends(
     agent: Agent, own_s3: servers.SeaweedFS
 ) -> None:
-    """The job waits for the store to create its record; the commands' end is recorded, with
-    the whole log, once the store is back, and the exit code is the job's."""
+    """The job waits for the store to create its record, having said what it runs first (a
+    store far away or down kept the first line back); the commands' end is recorded, with the
+    whole log, once the store is back, and the exit code is the job's."""
     url = "s3://store/bt"
     env = own_s3.client_env()
     flag = agent.root / "go"
@@ -134,6 +135,8 @@ def test_store_down_when_the_job_starts_and_when_it_ends(
     own_s3.stop()
     process = agent.start(job, "--job-id", "oute001", "--store", url, env=env)
     wait_for(lambda: "the store is unreachable" in agent.output(), 60, "the agent to wait")
+    first = agent.output().splitlines()[0]
+    assert first.startswith("bt-agent: job oute001 (project default), node 0 of 1"), first
     time.sleep(8)
     own_s3.start()
     wait_for(lambda: "start_commands[0]" in agent.output(), 60, "the commands to start")
