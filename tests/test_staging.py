@@ -748,6 +748,7 @@ def test_a_stop_ends_staging_at_once_mid_file_and_the_next_staging_clears_what_i
             assert not (agent.node_root / "d").exists(), agent.output()
         node = json.loads(next(agent.store.glob("projects/*/jobs/*/nodes/rank-0.json")).read_text())
         assert node["status"] == "TRAINING_JOB_STOPPED"
+        assert node["error"] == "stopped by SIGTERM before any command ran", node["error"]
     finally:
         far.close()
     assert any(objects.glob("*/.*.incomplete")), "the stops left partial files"

@@ -451,6 +451,8 @@ class JobRunner:
                 f"killed by SIGKILL after the {self.plan.context.grace_period:g} s grace "
                 f"period (stopped by {name})"
             )
+        elif not self.node.commands:  # while the agent claimed, staged or loaded
+            reason = f"stopped by {name} before any command ran"
         else:
             elapsed = time.monotonic() - (self.relay.stop_time or time.monotonic())
             reason = f"stopped by {name} (the commands ended {elapsed:.1f} s after it)"
