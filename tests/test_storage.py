@@ -9,9 +9,11 @@ of a test CA).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -44,7 +46,7 @@ from bt_agent.storage.azure import AzureStore
 from bt_agent.storage.base import ObjectInfo, Upload, Wanted, files_only
 from bt_agent.storage.engine import Proxies, Tuning
 from bt_agent.storage.file import SYNCFS_MIN_FILES, syncfs
-from bt_agent.storage.flight import DaemonPool
+from bt_agent.storage.flight import DaemonLoop, DaemonPool
 from bt_agent.storage.gcs import GCSStore
 from bt_agent.storage.hf import HFStore
 from bt_agent.storage.s3 import S3Store
@@ -319,6 +321,59 @@ def test_a_call_submitted_to_a_shut_pool_still_runs() -> None:
     assert [future.result(timeout=10) for future in late] == [0, 1, 4]
     for thread in threading.enumerate():  # the pool's own thread ends, as shut down
         if thread.name == "test-pool-0":
+            thread.join(timeout=10)
+            assert not thread.is_alive()
+
+
+def test_an_interrupted_caller_of_the_event_loop_returns_once_its_task_has_ended() -> None:
+    """A download's caller interrupted (Ctrl-C: KeyboardInterrupt) while its ranges run on the
+    store's event loop cancels them, and returns only once they have ended: a range still
+    running after it would write into a file descriptor the caller closes, or one the
+    process has reused since. A real SIGINT to this thread; no store needed."""
+    loop = DaemonLoop("test-ranges", 2)
+    steps: list[str] = []
+
+    async def ranges() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.3)  # a range's write under way when the cancel came
+            steps.append("ended")
+            raise
+
+    timer = threading.Timer(0.2, signal.pthread_kill, (threading.get_ident(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        loop.run(ranges)
+    assert steps == ["ended"]
+    loop.shutdown()
+
+
+def test_a_shut_event_loop_finishes_its_work_and_runs_what_comes_late() -> None:
+    """A store closed while another thread's download runs on its event loop lets that download
+    finish, and one that starts after (it looked the loop up just before) still runs; the
+    loop's thread then ends. Real threads; no store needed."""
+    loop = DaemonLoop("test-loop", 2)
+    started = threading.Event()
+    outcome: list[str] = []
+
+    async def under_way() -> str:
+        started.set()
+        await asyncio.sleep(0.3)
+        return "finished"
+
+    async def late() -> str:
+        return "late"
+
+    first = threading.Thread(target=lambda: outcome.append(loop.run(under_way)))
+    first.start()
+    assert started.wait(timeout=10)
+    loop.shutdown()
+    assert loop.run(late) == "late"
+    first.join(timeout=10)
+    assert outcome == ["finished"]
+    for thread in threading.enumerate():
+        if thread.name == "test-loop":
             thread.join(timeout=10)
             assert not thread.is_alive()
 

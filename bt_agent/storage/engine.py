@@ -14,7 +14,6 @@ never an outage to wait out).
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import math
 import os
@@ -25,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -51,10 +51,12 @@ from bt_agent.storage.base import (
     speaks_tls,
     untrusted_certificate,
 )
-from bt_agent.storage.flight import DaemonPool, InFlight, Pace, wait_all
+from bt_agent.storage.flight import DaemonLoop, DaemonPool, InFlight, Pace, wait_all
 from bt_agent.storage.keys import join_key, relative_key
 
 if TYPE_CHECKING:
+    import asyncio
+
     from obstore import GetOptions
     from obstore.store import ClientConfig, RetryConfig
 
@@ -119,16 +121,16 @@ class Tuning:
     store.
 
     Large downloads come in ranges of ``part_size``, ``ranges`` at once per store over all its
-    downloads, each on a thread of the store's own, its body joined by the engine (outside the
-    interpreter's lock) into pieces of at least ``piece`` bytes, each written at its offset as
-    it comes: a thread that took the body as the connection hands it over took the lock for
-    every TLS record (a few KiB), which cost more CPU than the decryption. Each piece is copied
-    into a Python object under the lock; written from many threads, not one, the pieces let
-    many cores share the work. A store far away paces each connection and makes each request
-    wait for its first byte, so long ranges, many at once, take the most from it; ranges read
-    whole (a buffer of the range's size each) would fit in memory only short and few. They
-    hold about ``ranges x 2 x piece`` bytes per store (a piece being written, and the engine
-    joining the next).
+    downloads, each body joined by the engine (outside the interpreter's lock) into pieces of
+    at least ``piece`` bytes, each written at its offset as it comes. Over TLS they run on the
+    store's event loop, where the engine reads the body on its own threads: a thread waiting on
+    its sync face is woken for every piece the connection hands over, and over TLS that is each
+    record of 16 KiB. Over plain HTTP the connection's pieces are large, and threads of the
+    store's own, waiting on the sync face, cost less than the loop's one thread writing every
+    piece. A store far away paces each connection and makes each request wait for its first
+    byte, so long ranges, many at once, take the most from it; ranges read whole (a buffer of
+    the range's size each) would fit in memory only short and few. They hold about ``ranges x
+    2 x piece`` bytes per store (the piece being written, and the engine joining the next).
 
     Small objects go many at once: a store far away makes each request wait on its round
     trip, not on bandwidth, so the number in flight sets the pace (:class:`Pace`). The bodies
@@ -141,8 +143,8 @@ class Tuning:
 
     multipart_threshold: int = 16 * MiB  # downloads above this: parallel ranged GETs
     part_size: int = 32 * MiB  # the range of each
-    ranges: int = 24  # ranges at once per store, over all its downloads
-    piece: int = 256 * 1024  # ... each handed over by the engine in pieces of this size
+    ranges: int = 16  # ranges at once per store, over all its downloads
+    piece: int = MiB  # ... each handed over by the engine in pieces of this size
     upload_part_size: int = 8 * MiB  # uploads above this: multipart, in parts of this size
     upload_concurrency: int = 4  # parts in flight per multipart upload
     multipart_uploads: int = 2  # multipart uploads at once per store (others wait their turn)
@@ -202,7 +204,8 @@ class EngineStore(ObjectStore):
         self.tuning = tuning or Tuning()
         self._engine: Any = None
         self._lock = threading.Lock()
-        self._pools: dict[str, DaemonPool] = {}  # by name: ranges, batches
+        self._pools: dict[str, DaemonPool] = {}  # by name: batch downloads, upload streams
+        self._loop: DaemonLoop | None = None  # ranged downloads
         self._multipart = threading.BoundedSemaphore(self.tuning.multipart_uploads)
         self._tls_only: bool | None = None  # whether the http:// endpoint takes TLS only
 
@@ -303,6 +306,9 @@ class EngineStore(ObjectStore):
             for pool in self._pools.values():
                 pool.shutdown()
             self._pools.clear()
+            if self._loop is not None:
+                self._loop.shutdown()
+                self._loop = None
 
     def engine_threads(self) -> list[int]:
         """The engine's runtime (tokio's threads: one runtime per process, shared by every
@@ -320,6 +326,13 @@ class EngineStore(ObjectStore):
         except OSError:  # no /proc: not Linux, where threads have no priority of their own
             return []
         return [tid for tid in native if tid not in python]
+
+    def _event_loop(self) -> DaemonLoop:
+        """The store's event loop for ranged downloads, started at first use."""
+        with self._lock:
+            if self._loop is None:
+                self._loop = DaemonLoop("bt-ranges", self.tuning.ranges)
+            return self._loop
 
     def _pool(self, name: str, size: int) -> DaemonPool:
         """The store's pool of ``size`` threads called ``name``, started at first use."""
@@ -568,53 +581,114 @@ class EngineStore(ObjectStore):
             yield chunk
 
     def _download_ranges(self, key: str, target: Path, info: ObjectInfo) -> Fetched:
-        """Ranges in parallel on the store's range threads (:class:`Tuning`), each asked of the
-        version ``info`` names (``If-Match``), so all are of one, and written at its offset
-        into ``target``, made the object's size first. After a failure no more ranges start,
-        and the first error is raised only once none is in flight: none may write to the file
-        once it is closed, and no request of the engine may still be out when the caller goes
-        on, or the interpreter ends."""
-        tuning = self.tuning
+        """Ranges in parallel (:class:`Tuning`), each asked of the version ``info`` names
+        (``If-Match``), so all are of one, and written at its offset into ``target``, made the
+        object's size first: on the store's range threads over plain HTTP, on its event loop
+        over TLS. After a failure no more ranges start, and the first error is raised only
+        once none is in flight: none may write to the file once it is closed, and no request
+        of the engine may still be out when the caller goes on, or the interpreter ends."""
         size = info.size
-        part = tuning.part_size_for(size, tuning.part_size)
+        part = self.tuning.part_size_for(size, self.tuning.part_size)
+        ranges = [(start, min(part, size - start)) for start in range(0, size, part)]
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, size)
-            futures = [  # the pool asked for each range: a store closed meanwhile starts anew
-                self._pool("bt-ranges", tuning.ranges).submit(
-                    functools.partial(
-                        self._fetch_range, key, info, fd, start, min(part, size - start)
-                    )
-                )
-                for start in range(0, size, part)
-            ]
-            wait_all(futures)
+            if self.plain_http:
+                self._ranges_on_threads(key, info, fd, ranges)
+            else:
+                self._ranges_on_loop(key, info, fd, ranges)
         finally:
             os.close(fd)
         return Fetched(info.sha256, None, info.version)
 
-    def _fetch_range(self, key: str, info: ObjectInfo, fd: int, start: int, length: int) -> None:
-        """One range, written at its offset as it streams in, in the pieces the engine joins,
-        not a buffer of the range's size per request (fresh memory costs a page fault per 4
-        KiB)."""
-        result = self._get_range(key, info, start, length)
-        offset = start
-        for chunk in self._chunks(key, result):
-            offset += _write_at(fd, memoryview(chunk), offset)
-        if offset - start != length:
-            raise self._short_read(key, start)
+    def _ranges_on_threads(
+        self, key: str, info: ObjectInfo, fd: int, ranges: list[tuple[int, int]]
+    ) -> None:
+        """Over plain HTTP the connection hands over large pieces, so threads waiting on the
+        engine's sync face are woken seldom, and cost less than an event loop's one thread
+        writing every piece. The pool is asked for each download: a store closed meanwhile
+        starts anew."""
+        pool = self._pool("bt-ranges", self.tuning.ranges)
+        wait_all([pool.submit(partial(self._fetch_range, key, info, fd, *at)) for at in ranges])
 
-    def _get_range(self, key: str, info: ObjectInfo, start: int, length: int) -> Any:
-        """The engine's answer to a GET of one range of the version ``info`` names."""
+    def _fetch_range(self, key: str, info: ObjectInfo, fd: int, start: int, length: int) -> None:
+        """One range on a thread that waits on the engine's sync face for each piece."""
         import obstore
 
         options = _get_options(info.version, start, length)
-        return self._engine_call(
+        result = self._engine_call(
             key, lambda engine: obstore.get(engine, self._key(key), options=options)
         )
+        offset = start
+        for piece in self._chunks(key, result):
+            offset += _write_at(fd, memoryview(piece), offset)
+        self._check_length(key, start, length, offset)
 
-    def _short_read(self, key: str, start: int) -> TransientStoreError:
-        return TransientStoreError(f"{self.uri(key)}: short read at {start}", self.uri(key))
+    def _ranges_on_loop(
+        self, key: str, info: ObjectInfo, fd: int, ranges: list[tuple[int, int]]
+    ) -> None:
+        """Over TLS the connection hands over each record (16 KiB): a thread waiting on the
+        sync face would be woken for every one. On the store's event loop the engine joins
+        them into pieces on its own threads; the loop's thread is woken once a piece."""
+        engine = self.engine
+        loop = self._event_loop()
+        loop.run(lambda: self._fetch_ranges(engine, key, info, fd, ranges, loop.room))
+
+    async def _fetch_ranges(
+        self,
+        engine: Any,
+        key: str,
+        info: ObjectInfo,
+        fd: int,
+        ranges: list[tuple[int, int]],
+        room: asyncio.Semaphore,
+    ) -> None:
+        """``ranges`` of ``key``, as many at once as ``room`` lets the store's downloads have;
+        none starts after one failed, whose error is raised once all have ended."""
+        import asyncio
+
+        failed: list[Exception] = []
+
+        async def one(start: int, length: int) -> None:
+            async with room:
+                if failed:
+                    return
+                try:
+                    await self._fetch_range_async(engine, key, info, fd, start, length)
+                except Exception as exc:
+                    failed.append(exc)
+
+        await asyncio.gather(*(one(start, length) for start, length in ranges))
+        if failed:
+            raise failed[0]
+
+    async def _fetch_range_async(
+        self, engine: Any, key: str, info: ObjectInfo, fd: int, start: int, length: int
+    ) -> None:
+        """One range on the event loop, the engine reading its body on its own threads."""
+        import obstore
+
+        options = _get_options(info.version, start, length)
+        offset = start
+        try:
+            result = await obstore.get_async(engine, self._key(key), options=options)
+            pieces = result.stream(min_chunk_size=self.tuning.piece).__aiter__()
+        except Exception as exc:
+            raise self._error(exc, key) from None
+        while True:
+            try:
+                piece = await pieces.__anext__()
+            except StopAsyncIteration:
+                break
+            except Exception as exc:
+                raise self._error(exc, key) from None
+            offset += _write_at(fd, memoryview(piece), offset)
+        self._check_length(key, start, length, offset)
+
+    def _check_length(self, key: str, start: int, length: int, end: int) -> None:
+        """A range written from ``start`` up to ``end`` was all of its ``length`` bytes."""
+        if end - start != length:
+            raise TransientStoreError(f"{self.uri(key)}: short read at {start}", self.uri(key))
 
     def _upload(self, path: Path, key: str) -> str:
         """Below the part size, one PUT with the sha256 as metadata; above, a multipart upload

@@ -1,7 +1,8 @@
 """Calls in flight on threads of a store's own: how many at once (:class:`Pace`, which finds
 how many are worth it), within a budget of bytes held (:class:`InFlight`), on daemon threads
 (:class:`DaemonPool`) that a stopped agent never waits for. The engine's stores
-(:mod:`bt_agent.storage.engine`) run their batches, upload streams and ranges on them."""
+(:mod:`bt_agent.storage.engine`) run their batches and upload streams on them, and their ranged
+downloads on an event loop of their own (:class:`DaemonLoop`), on a daemon thread too."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ import functools
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from concurrent.futures import CancelledError, Future
+from concurrent.futures import wait as wait_for
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    import asyncio
 
 T = TypeVar("T")
 R = TypeVar("R")  # what the calls of an :class:`InFlight` return
@@ -206,3 +211,81 @@ def _run(future: Future[T], call: Callable[[], T]) -> None:
             future.set_result(call())
         except BaseException as exc:  # the caller's to raise, from future.result()
             future.set_exception(exc)
+
+
+class DaemonLoop:
+    """An event loop on a daemon thread of its own, for calls on the engine's async face: there
+    the engine reads each body on its own threads, while a thread blocked on its sync face is
+    woken for every piece the connection hands over (each TLS record). ``room`` bounds what the
+    callers' tasks hold at once. :meth:`shutdown` stops the loop once the tasks on it have
+    ended; a call after it runs on a loop of its own, stopped once it is done."""
+
+    def __init__(self, name: str, room: int) -> None:
+        import asyncio
+
+        self._name, self._room = name, room
+        self._loop = asyncio.new_event_loop()
+        self.room = asyncio.Semaphore(room)
+        self._tasks = 0  # running on the loop (counted on its thread)
+        self._closing = False
+        self._lock = threading.Lock()  # a call's start is queued before a shutdown, or not at all
+        threading.Thread(target=self._serve, name=name, daemon=True).start()
+
+    def run(self, work: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """``work()``'s result, run as a task on the loop. A caller interrupted meanwhile
+        (KeyboardInterrupt) cancels the task and returns only once it has ended: none of its
+        steps may touch what the caller goes on to close."""
+        ended: Future[T] = Future()
+        tasks: list[asyncio.Task[T]] = []
+        with self._lock:
+            closing = self._closing
+            if not closing:
+                self._loop.call_soon_threadsafe(self._start, work, ended, tasks)
+        if closing:  # shut down meanwhile (a store closed as another thread's download began)
+            late = DaemonLoop(f"{self._name}-late", self._room)
+            try:
+                return late.run(work)
+            finally:
+                late.shutdown()
+        try:
+            return ended.result()
+        except BaseException:
+            if not ended.done():
+                self._loop.call_soon_threadsafe(lambda: tasks[0].cancel())  # after _start
+                wait_for([ended])
+            raise
+
+    def shutdown(self) -> None:
+        """The loop stops once no task is left on it."""
+        with self._lock:
+            if not self._closing:
+                self._closing = True
+                self._loop.call_soon_threadsafe(self._stop_if_idle)
+
+    def _start(
+        self, work: Callable[[], Coroutine[Any, Any, T]], ended: Future[T], tasks: list[Any]
+    ) -> None:
+        task = self._loop.create_task(work())
+        tasks.append(task)
+        self._tasks += 1
+        task.add_done_callback(lambda done: self._settle(done, ended))
+
+    def _settle(self, done: asyncio.Task[T], ended: Future[T]) -> None:
+        self._tasks -= 1
+        if done.cancelled():  # set, not cancelled: a cancel would not wake wait_for's waiter
+            ended.set_exception(CancelledError())
+        elif (error := done.exception()) is not None:
+            ended.set_exception(error)
+        else:
+            ended.set_result(done.result())
+        self._stop_if_idle()
+
+    def _stop_if_idle(self) -> None:
+        if self._closing and not self._tasks:
+            self._loop.stop()
+
+    def _serve(self) -> None:
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
