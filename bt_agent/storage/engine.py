@@ -143,8 +143,8 @@ class Tuning:
 
     multipart_threshold: int = 16 * MiB  # downloads above this: parallel ranged GETs
     part_size: int = 32 * MiB  # the range of each
-    ranges: int = 16  # ranges at once per store, over all its downloads
-    piece: int = MiB  # ... each handed over by the engine in pieces of this size
+    ranges: int = 24  # ranges at once per store, over all its downloads
+    piece: int = 512 * 1024  # ... each handed over by the engine in pieces of this size
     upload_part_size: int = 8 * MiB  # uploads above this: multipart, in parts of this size
     upload_concurrency: int = 4  # parts in flight per multipart upload
     multipart_uploads: int = 2  # multipart uploads at once per store (others wait their turn)
