@@ -329,7 +329,8 @@ def test_an_interrupted_caller_of_the_event_loop_returns_once_its_task_has_ended
     """A download's caller interrupted (Ctrl-C: KeyboardInterrupt) while its ranges run on the
     store's event loop cancels them, and returns only once they have ended: a range still
     running after it would write into a file descriptor the caller closes, or one the
-    process has reused since. A real SIGINT to this thread; no store needed."""
+    process has reused since. A real SIGINT to this thread, taken as Python takes it by default
+    (a process started in the background by a shell inherits SIGINT ignored); no store needed."""
     loop = DaemonLoop("test-ranges", 2)
     steps: list[str] = []
 
@@ -342,9 +343,13 @@ def test_an_interrupted_caller_of_the_event_loop_returns_once_its_task_has_ended
             raise
 
     timer = threading.Timer(0.2, signal.pthread_kill, (threading.get_ident(), signal.SIGINT))
-    timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        loop.run(ranges)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            loop.run(ranges)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert steps == ["ended"]
     loop.shutdown()
 
