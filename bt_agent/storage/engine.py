@@ -20,7 +20,7 @@ import os
 import re
 import threading
 from abc import abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
@@ -669,21 +669,26 @@ class EngineStore(ObjectStore):
         import obstore
 
         options = _get_options(info.version, start, length)
-        offset = start
         try:
             result = await obstore.get_async(engine, self._key(key), options=options)
-            pieces = result.stream(min_chunk_size=self.tuning.piece).__aiter__()
         except Exception as exc:
             raise self._error(exc, key) from None
+        offset = start
+        async for piece in self._chunks_async(key, result):
+            offset += _write_at(fd, memoryview(piece), offset)
+        self._check_length(key, start, length, offset)
+
+    async def _chunks_async(self, key: str, result: Any) -> AsyncIterator[Any]:
+        """:meth:`_chunks` on the event loop."""
+        pieces = result.stream(min_chunk_size=self.tuning.piece).__aiter__()
         while True:
             try:
                 piece = await pieces.__anext__()
             except StopAsyncIteration:
-                break
+                return
             except Exception as exc:
                 raise self._error(exc, key) from None
-            offset += _write_at(fd, memoryview(piece), offset)
-        self._check_length(key, start, length, offset)
+            yield piece
 
     def _check_length(self, key: str, start: int, length: int, end: int) -> None:
         """A range written from ``start`` up to ``end`` was all of its ``length`` bytes."""
