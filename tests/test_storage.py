@@ -46,7 +46,7 @@ from bt_agent.storage.azure import AzureStore
 from bt_agent.storage.base import ObjectInfo, Upload, Wanted, files_only
 from bt_agent.storage.engine import Proxies, Tuning
 from bt_agent.storage.file import SYNCFS_MIN_FILES, syncfs
-from bt_agent.storage.flight import DaemonLoop, DaemonPool
+from bt_agent.storage.flight import DaemonLoop, DaemonPool, all_or_none, wait_all
 from bt_agent.storage.gcs import GCSStore
 from bt_agent.storage.hf import HFStore
 from bt_agent.storage.s3 import S3Store
@@ -381,6 +381,107 @@ def test_a_shut_event_loop_finishes_its_work_and_runs_what_comes_late() -> None:
         if thread.name == "test-loop":
             thread.join(timeout=10)
             assert not thread.is_alive()
+
+
+def test_a_failed_call_tells_the_others_to_stop_before_they_are_waited_for() -> None:
+    """A range that fails (its connection reset, the disk full) must not leave the download
+    waiting on the others to come whole before its error, and the retry, can come: they are
+    told to stop (each looks between its pieces), and the error comes once they have. Real
+    threads; no store needed."""
+    pool = DaemonPool(3, "test-abandon")
+    stop = threading.Event()
+
+    def long() -> str:  # a range of many pieces, looking for a stop between them
+        for _ in range(1000):
+            if stop.is_set():
+                return "stopped"
+            time.sleep(0.01)
+        return "whole"
+
+    def fails() -> str:
+        time.sleep(0.05)
+        raise OSError("no space left on device")
+
+    futures = [pool.submit(long), pool.submit(fails), pool.submit(long)]
+    began = time.monotonic()
+    with pytest.raises(OSError, match="no space left"):
+        wait_all(futures, stop.set)
+    assert time.monotonic() - began < 5, "the error waited for the other calls to be whole"
+    assert [futures[0].result(), futures[2].result()] == ["stopped", "stopped"]
+    pool.shutdown()
+
+
+def test_the_first_failed_task_cancels_the_others_and_is_raised_once_they_have_ended() -> None:
+    """On the store's event loop, a range that fails cancels the others at once, and its error
+    is raised only once they have ended (a cancelled range may be inside a write). Real
+    asyncio tasks; no store needed."""
+    ended: list[str] = []
+
+    async def long(name: str) -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.1)  # a write under way when the cancel came
+            ended.append(name)
+            raise
+
+    async def fails() -> None:
+        await asyncio.sleep(0.05)
+        raise OSError("connection reset")
+
+    async def all_three() -> None:
+        with pytest.raises(OSError, match="connection reset"):
+            await all_or_none([long("a"), fails(), long("b")])
+
+    began = time.monotonic()
+    asyncio.run(asyncio.wait_for(all_three(), 10))
+    assert time.monotonic() - began < 5
+    assert sorted(ended) == ["a", "b"]
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+def test_an_interrupted_ranged_download_ends_at_the_next_piece(
+    s3_server: servers.SeaweedFS, tmp_path: Path, tls: bool
+) -> None:
+    """Ctrl-C while a large object comes through a slow link (each connection paced at 1 MB/s:
+    its ranges of 32 MiB would take half a minute): the download ends within a piece of each
+    range, leaving no file, partial or whole, at the destination. A real SIGINT to this thread,
+    taken as Python takes it by default; the store reached through a real paced link."""
+    from far_link import FarLink
+
+    backend = _s3(s3_server, "s3-tls" if tls else "s3")
+    store, key = _one(backend, payload(40 * MiB, seed=3))
+    listed = store.list("dir/")[0]
+    far = FarLink(s3_server.https_port if tls else s3_server.port, 0.0, 1e6)
+    assert s3_server.certificates is not None
+    endpoint = f"https://localhost:{far.port}" if tls else far.endpoint
+    environ = Environ(
+        {"AWS_ENDPOINT_URL": endpoint, "AWS_CA_BUNDLE": str(s3_server.certificates.ca)}
+    )
+    keys = json.dumps(
+        {"aws_access_key_id": servers.ACCESS_KEY, "aws_secret_access_key": servers.SECRET_KEY}
+    )
+    slow = open_store(store.url, environ, keys, "creds")
+    target = tmp_path / "out" / "model.bin"
+    target.parent.mkdir()
+    caller, sent = threading.get_ident(), []
+
+    def interrupt() -> None:
+        sent.append(time.monotonic())
+        signal.pthread_kill(caller, signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Timer(1.0, interrupt).start()
+        with pytest.raises(KeyboardInterrupt):
+            slow.download(key, target, listed)
+        interrupted = time.monotonic() - sent[0]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        slow.close()
+        far.close()
+    assert interrupted < 5, f"the download ended {interrupted:.1f} s after Ctrl-C"
+    assert not list(target.parent.iterdir()), "nothing, partial or whole, at the destination"
 
 
 @pytest.mark.parametrize("backend", WRITABLE, indirect=True)

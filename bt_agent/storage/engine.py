@@ -51,7 +51,14 @@ from bt_agent.storage.base import (
     speaks_tls,
     untrusted_certificate,
 )
-from bt_agent.storage.flight import DaemonLoop, DaemonPool, InFlight, Pace, wait_all
+from bt_agent.storage.flight import (
+    DaemonLoop,
+    DaemonPool,
+    InFlight,
+    Pace,
+    all_or_none,
+    wait_all,
+)
 from bt_agent.storage.keys import join_key, relative_key
 
 if TYPE_CHECKING:
@@ -121,8 +128,9 @@ class Tuning:
     store.
 
     Large downloads come in ranges of ``part_size``, ``ranges`` at once per store over all its
-    downloads, each body joined by the engine (outside the interpreter's lock) into pieces of
-    at least ``piece`` bytes, each written at its offset as it comes. Over TLS they run on the
+    downloads, each body joined by the engine into pieces of at least ``piece`` bytes (gathered
+    on its threads, copied into a Python object under the interpreter's lock), each written at
+    its offset as it comes. Over TLS they run on the
     store's event loop, where the engine reads the body on its own threads: a thread waiting on
     its sync face is woken for every piece the connection hands over, and over TLS that is each
     record of 16 KiB. Over plain HTTP the connection's pieces are large, and threads of the
@@ -584,86 +592,95 @@ class EngineStore(ObjectStore):
         """Ranges in parallel (:class:`Tuning`), each asked of the version ``info`` names
         (``If-Match``), so all are of one, and written at its offset into ``target``, made the
         object's size first: on the store's range threads over plain HTTP, on its event loop
-        over TLS. After a failure no more ranges start, and the first error is raised only
-        once none is in flight: none may write to the file once it is closed, and no request
-        of the engine may still be out when the caller goes on, or the interpreter ends."""
+        over TLS. At a failure, or where the caller is interrupted, no more ranges start and
+        those under way stop at their next piece; the error is raised once none is in flight
+        (no request of the engine may still be out when the caller goes on, or the interpreter
+        ends). Each range writes through a descriptor of its own, closed as it ends: one the
+        caller stopped waiting for (a second Ctrl-C) writes nowhere else."""
         size = info.size
         part = self.tuning.part_size_for(size, self.tuning.part_size)
         ranges = [(start, min(part, size - start)) for start in range(0, size, part)]
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, size)
-            if self.plain_http:
-                self._ranges_on_threads(key, info, fd, ranges)
-            else:
-                self._ranges_on_loop(key, info, fd, ranges)
         finally:
             os.close(fd)
+        if self.plain_http:
+            self._ranges_on_threads(key, info, target, ranges)
+        else:
+            self._ranges_on_loop(key, info, target, ranges)
         return Fetched(info.sha256, None, info.version)
 
     def _ranges_on_threads(
-        self, key: str, info: ObjectInfo, fd: int, ranges: list[tuple[int, int]]
+        self, key: str, info: ObjectInfo, target: Path, ranges: list[tuple[int, int]]
     ) -> None:
         """Over plain HTTP the connection hands over large pieces, so threads waiting on the
         engine's sync face are woken seldom, and cost less than an event loop's one thread
         writing every piece. The pool is asked for each download: a store closed meanwhile
         starts anew."""
         pool = self._pool("bt-ranges", self.tuning.ranges)
-        wait_all([pool.submit(partial(self._fetch_range, key, info, fd, *at)) for at in ranges])
+        stop = threading.Event()
+        fetch = partial(self._fetch_range, key, info, target, stop)
+        wait_all([pool.submit(partial(fetch, *at)) for at in ranges], stop.set)
 
-    def _fetch_range(self, key: str, info: ObjectInfo, fd: int, start: int, length: int) -> None:
-        """One range on a thread that waits on the engine's sync face for each piece."""
+    def _fetch_range(
+        self,
+        key: str,
+        info: ObjectInfo,
+        target: Path,
+        stop: threading.Event,
+        start: int,
+        length: int,
+    ) -> None:
+        """One range on a thread that waits on the engine's sync face for each piece; it ends
+        at the next piece once ``stop`` is set (another range failed, or the caller stopped)."""
         import obstore
 
+        if stop.is_set():
+            return
         options = _get_options(info.version, start, length)
         result = self._engine_call(
             key, lambda engine: obstore.get(engine, self._key(key), options=options)
         )
         offset = start
-        for piece in self._chunks(key, result):
-            offset += _write_at(fd, memoryview(piece), offset)
+        with _range_writer(target) as fd:
+            for piece in self._chunks(key, result):
+                if stop.is_set():
+                    return
+                offset += _write_at(fd, memoryview(piece), offset)
         self._check_length(key, start, length, offset)
 
     def _ranges_on_loop(
-        self, key: str, info: ObjectInfo, fd: int, ranges: list[tuple[int, int]]
+        self, key: str, info: ObjectInfo, target: Path, ranges: list[tuple[int, int]]
     ) -> None:
         """Over TLS the connection hands over each record (16 KiB): a thread waiting on the
         sync face would be woken for every one. On the store's event loop the engine joins
         them into pieces on its own threads; the loop's thread is woken once a piece."""
         engine = self.engine
         loop = self._event_loop()
-        loop.run(lambda: self._fetch_ranges(engine, key, info, fd, ranges, loop.room))
+        loop.run(lambda: self._fetch_ranges(engine, key, info, target, ranges, loop.room))
 
     async def _fetch_ranges(
         self,
         engine: Any,
         key: str,
         info: ObjectInfo,
-        fd: int,
+        target: Path,
         ranges: list[tuple[int, int]],
         room: asyncio.Semaphore,
     ) -> None:
         """``ranges`` of ``key``, as many at once as ``room`` lets the store's downloads have;
-        none starts after one failed, whose error is raised once all have ended."""
-        import asyncio
-
-        failed: list[Exception] = []
+        at the first failure the others are cancelled, and its error raised once all have
+        ended."""
 
         async def one(start: int, length: int) -> None:
             async with room:
-                if failed:
-                    return
-                try:
-                    await self._fetch_range_async(engine, key, info, fd, start, length)
-                except Exception as exc:
-                    failed.append(exc)
+                await self._fetch_range_async(engine, key, info, target, start, length)
 
-        await asyncio.gather(*(one(start, length) for start, length in ranges))
-        if failed:
-            raise failed[0]
+        await all_or_none([one(start, length) for start, length in ranges])
 
     async def _fetch_range_async(
-        self, engine: Any, key: str, info: ObjectInfo, fd: int, start: int, length: int
+        self, engine: Any, key: str, info: ObjectInfo, target: Path, start: int, length: int
     ) -> None:
         """One range on the event loop, the engine reading its body on its own threads."""
         import obstore
@@ -674,8 +691,9 @@ class EngineStore(ObjectStore):
         except Exception as exc:
             raise self._error(exc, key) from None
         offset = start
-        async for piece in self._chunks_async(key, result):
-            offset += _write_at(fd, memoryview(piece), offset)
+        with _range_writer(target) as fd:
+            async for piece in self._chunks_async(key, result):
+                offset += _write_at(fd, memoryview(piece), offset)
         self._check_length(key, start, length, offset)
 
     async def _chunks_async(self, key: str, result: Any) -> AsyncIterator[Any]:
@@ -884,6 +902,16 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
+
+
+@contextlib.contextmanager
+def _range_writer(target: Path) -> Iterator[int]:
+    """A descriptor of ``target`` for one range's writes, closed as the range ends."""
+    fd = os.open(target, os.O_WRONLY)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def _write_at(fd: int, body: memoryview, offset: int) -> int:

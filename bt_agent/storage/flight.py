@@ -11,7 +11,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import FIRST_EXCEPTION, CancelledError, Future
 from concurrent.futures import wait as wait_for
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -26,19 +26,40 @@ A = TypeVar("A")  # what they are called with
 LOOKAHEAD = 2
 
 
-def wait_all(futures: Sequence[Future[Any]]) -> None:
-    """Each of ``futures`` waited for in turn. After a failure those not started are cancelled,
-    and the first error is raised once none is running (none may still write to what the
-    caller goes on to close or remove)."""
+def wait_all(futures: Sequence[Future[Any]], abandon: Callable[[], None] = lambda: None) -> None:
+    """``futures`` waited for until all have ended or one has failed. At a failure, or where the
+    wait is interrupted (KeyboardInterrupt), ``abandon()`` tells those running to stop, those
+    not started are cancelled, and the error is raised once none is running (none may still
+    write to what the caller goes on to close or remove)."""
     try:
+        wait_for(futures, return_when=FIRST_EXCEPTION)
         for future in futures:
-            future.result()
+            if future.done() and not future.cancelled() and future.exception() is not None:
+                future.result()
+    except BaseException:
+        abandon()
+        raise
     finally:
         for future in futures:
             future.cancel()
         for future in futures:
             if not future.cancelled():
                 future.exception()
+
+
+async def all_or_none(calls: Sequence[Coroutine[Any, Any, Any]]) -> None:
+    """``calls`` run at once, as tasks. At the first failure, or where the caller is cancelled,
+    the others are cancelled, and the error is raised once all have ended (none may still
+    write to what the caller goes on to close or remove)."""
+    import asyncio
+
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class InFlight(Generic[R]):
