@@ -46,7 +46,7 @@ from bt_agent.storage.azure import AzureStore
 from bt_agent.storage.base import ObjectInfo, Upload, Wanted, files_only
 from bt_agent.storage.engine import Proxies, Tuning
 from bt_agent.storage.file import SYNCFS_MIN_FILES, syncfs
-from bt_agent.storage.flight import DaemonLoop, DaemonPool, all_or_none, wait_all
+from bt_agent.storage.flight import DaemonLoop, DaemonPool, in_task_group, wait_all
 from bt_agent.storage.gcs import GCSStore
 from bt_agent.storage.hf import HFStore
 from bt_agent.storage.s3 import S3Store
@@ -431,7 +431,7 @@ def test_the_first_failed_task_cancels_the_others_and_is_raised_once_they_have_e
 
     async def all_three() -> None:
         with pytest.raises(OSError, match="connection reset"):
-            await all_or_none([long("a"), fails(), long("b")])
+            await in_task_group([long("a"), fails(), long("b")])
 
     began = time.monotonic()
     asyncio.run(asyncio.wait_for(all_three(), 10))

@@ -56,7 +56,7 @@ from bt_agent.storage.flight import (
     DaemonPool,
     InFlight,
     Pace,
-    all_or_none,
+    in_task_group,
     wait_all,
 )
 from bt_agent.storage.keys import join_key, relative_key
@@ -130,15 +130,15 @@ class Tuning:
     Large downloads come in ranges of ``part_size``, ``ranges`` at once per store over all its
     downloads, each body joined by the engine into pieces of at least ``piece`` bytes (gathered
     on its threads, copied into a Python object under the interpreter's lock), each written at
-    its offset as it comes. Over TLS they run on the
-    store's event loop, where the engine reads the body on its own threads: a thread waiting on
-    its sync face is woken for every piece the connection hands over, and over TLS that is each
-    record of 16 KiB. Over plain HTTP the connection's pieces are large, and threads of the
-    store's own, waiting on the sync face, cost less than the loop's one thread writing every
-    piece. A store far away paces each connection and makes each request wait for its first
-    byte, so long ranges, many at once, take the most from it; ranges read whole (a buffer of
-    the range's size each) would fit in memory only short and few. They hold about ``ranges x
-    2 x piece`` bytes per store (the piece being written, and the engine joining the next).
+    its offset as it comes. Over TLS they run on the store's event loop, where the engine reads
+    the body on its own threads: a thread waiting on its sync face is woken for every piece the
+    connection hands over, and over TLS that is each record of 16 KiB. Over plain HTTP the
+    connection's pieces are large, and threads of the store's own, waiting on the sync face,
+    cost less than the loop's one thread writing every piece. A store far away paces each
+    connection and makes each request wait for its first byte, so long ranges, many at once,
+    take the most from it; ranges read whole (a buffer of the range's size each) would fit in
+    memory only short and few. They hold about ``ranges x 2 x piece`` bytes per store (the piece
+    being written, and the engine joining the next).
 
     Small objects go many at once: a store far away makes each request wait on its round
     trip, not on bandwidth, so the number in flight sets the pace (:class:`Pace`). The bodies
@@ -677,7 +677,7 @@ class EngineStore(ObjectStore):
             async with room:
                 await self._fetch_range_async(engine, key, info, target, start, length)
 
-        await all_or_none([one(start, length) for start, length in ranges])
+        await in_task_group([one(start, length) for start, length in ranges])
 
     async def _fetch_range_async(
         self, engine: Any, key: str, info: ObjectInfo, target: Path, start: int, length: int

@@ -47,10 +47,11 @@ def wait_all(futures: Sequence[Future[Any]], abandon: Callable[[], None] = lambd
                 future.exception()
 
 
-async def all_or_none(calls: Sequence[Coroutine[Any, Any, Any]]) -> None:
+async def in_task_group(calls: Sequence[Coroutine[Any, Any, Any]]) -> None:
     """``calls`` run at once, as tasks. At the first failure, or where the caller is cancelled,
     the others are cancelled, and the error is raised once all have ended (none may still
-    write to what the caller goes on to close or remove)."""
+    write to what the caller goes on to close or remove): ``asyncio.TaskGroup`` (Python 3.11
+    on, and raising a group of errors rather than the first)."""
     import asyncio
 
     tasks = [asyncio.ensure_future(call) for call in calls]
