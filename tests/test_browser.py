@@ -6,6 +6,7 @@ pyte."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -277,3 +278,64 @@ def test_a_checkpoint_is_downloaded_into_the_current_directory(
     assert "downloaded to brws001/rank-0/checkpoint-10" in said
     assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors"]
     assert json.loads((target / "config.json").read_text()) == {"_name_or_path": "Qwen/Qwen3-0.6B"}
+
+
+def test_quitting_while_a_download_runs_ends_the_command_at_once(
+    store: Store, tmp_path: Path
+) -> None:
+    """q while a checkpoint comes down through a slow link (each connection paced at 1 MB/s:
+    its 1 GiB file would take most of a minute): the real command, in a real terminal, ends
+    at once with 0, rather than once the download is whole, and leaves no checkpoint in
+    place."""
+    import time
+
+    from far_link import FarLink
+
+    far = FarLink(store.proxy.port, 0.0, 1e6)
+    columns, rows = 120, 30
+    try:
+        child = pexpect.spawn(
+            sys.executable,
+            ["-m", "bt_agent", "checkpoints", "list", "--store", store.url, "--job-id", "brws001"],
+            env={
+                **os.environ,
+                **store.env,
+                "AWS_ENDPOINT_URL": far.endpoint,
+                "TERM": "xterm-256color",
+                "COLUMNS": str(columns),
+            },
+            dimensions=(rows, columns),
+            cwd=str(tmp_path),
+            timeout=60,
+        )
+        screen = pyte.Screen(columns, rows)
+        stream = pyte.ByteStream(screen)
+
+        def read_until(text: str) -> None:
+            deadline = time.monotonic() + 60
+            while text not in "\n".join(screen.display):
+                assert time.monotonic() < deadline, "\n".join(screen.display)
+                with contextlib.suppress(pexpect.TIMEOUT):
+                    stream.feed(child.read_nonblocking(65536, timeout=1))
+
+        read_until("2 committed checkpoints")
+        child.send("checkpoint-20")
+        read_until("1 of 2 committed checkpoints match")
+        child.send("\r")
+        read_until("adapter_config.json")
+        child.send("d")
+        deadline = time.monotonic() + 30
+        while not any(path.is_file() for path in tmp_path.rglob("*")):  # the download began
+            assert time.monotonic() < deadline, "\n".join(screen.display)
+            time.sleep(0.05)
+        time.sleep(0.5)
+        quit_at = time.monotonic()
+        child.send("q")
+        child.expect(pexpect.EOF, timeout=120)
+        took = time.monotonic() - quit_at
+        child.close()
+    finally:
+        far.close()
+    assert took < 10, f"the command ended {took:.1f} s after q"
+    assert child.exitstatus == 0, child.before
+    assert not (tmp_path / "brws001" / "rank-0" / "checkpoint-20").exists(), "none in place"

@@ -16,6 +16,7 @@ import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
@@ -28,6 +29,7 @@ from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Header, Input, ProgressBar, Static, Tree
 from textual.widgets.tree import TreeNode
+from textual.worker import get_current_worker
 
 from bt_agent.browse import CheckpointBrowser, checkpoint_type, object_key
 from bt_agent.catalog import checkpoint_prefix
@@ -331,15 +333,30 @@ class CheckpointView(Screen[None]):
         bar = self.query_one("#progress", ProgressBar)
         bar.display = True
         bar.update(progress=0)
-        self.download(job, bar)
+        self.app.run_worker(
+            partial(self.download, job, bar), thread=True, group="download", exit_on_error=False
+        )
 
-    @work(thread=True, exclusive=True, exit_on_error=False, group="download")
     def download(self, job: Download, bar: ProgressBar) -> None:
+        """``job`` on a worker of the app's, not of this view's: it goes on when the view is
+        left, and ends at once when the browser quits (which cancels the app's workers), the
+        files under way left to end with the process, none in place."""
+        worker = get_current_worker()
+
         def advance(size: int) -> None:
-            self.app.call_from_thread(bar.advance, size)
+            if not worker.is_cancelled:  # the app's loop may be gone: nothing would answer
+                self.app.call_from_thread(bar.advance, size)
 
         try:
-            download_checkpoint(self.browser.catalog, job.manifest, job.target, fetched=advance)
+            download_checkpoint(
+                self.browser.catalog,
+                job.manifest,
+                job.target,
+                stopping=lambda: worker.is_cancelled,
+                fetched=advance,
+            )
+        except InterruptedError:  # the browser quit meanwhile
+            return
         except (BtAgentError, OSError) as exc:
             self.app.call_from_thread(self.tell, f"download failed: {exc}", True)
             return
