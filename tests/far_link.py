@@ -29,6 +29,7 @@ class FarLink(Listener):
     delay: float  # seconds each piece the client sends is held before it is passed on
     rate: float  # bytes a second each connection's answers come at, at most
     connections: int = 0  # connections made through it
+    passed: int = 0  # bytes of answers passed on, over all its connections
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -37,7 +38,12 @@ class FarLink(Listener):
     def _serve(self, client: socket.socket) -> None:
         with self._lock:
             self.connections += 1
-        with client, socket.create_connection(("127.0.0.1", self.upstream_port)) as upstream:
+        try:
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+        except OSError:  # the server is down: the client finds the connection closed
+            client.close()
+            return
+        with client, upstream:
             for end in (client, upstream):
                 end.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             answers = threading.Thread(target=self._answers, args=(upstream, client), daemon=True)
@@ -64,6 +70,8 @@ class FarLink(Listener):
                 left = count
                 while left:
                     left -= os.splice(read_end, client.fileno(), left)
+                with self._lock:
+                    self.passed += count
                 now = time.monotonic()
                 due = max(due, now) + count / self.rate
                 time.sleep(max(0.0, due - now))

@@ -185,6 +185,16 @@ class Proxies:
         return self.http if endpoint and endpoint.startswith("http://") else self.https
 
 
+@dataclass(frozen=True)
+class _Ranged:
+    """An object (``info``) coming down in ranges into ``target``: the starts of those already
+    whole in ``landed`` (filled as they end, from the range threads or the event loop)."""
+
+    info: ObjectInfo
+    target: Path
+    landed: set[int]
+
+
 class EngineStore(ObjectStore):
     """A store whose requests obstore makes. ``endpoint_url`` and ``ca_variable`` name, in
     errors, where requests go and how to trust its certificate."""
@@ -216,6 +226,7 @@ class EngineStore(ObjectStore):
         self._loop: DaemonLoop | None = None  # ranged downloads
         self._multipart = threading.BoundedSemaphore(self.tuning.multipart_uploads)
         self._tls_only: bool | None = None  # whether the http:// endpoint takes TLS only
+        self._landed: dict[Path, _Ranged] = {}  # by partial file: ranges whole, for a retry
 
     @abstractmethod
     def _make_engine(self) -> Any:
@@ -560,14 +571,14 @@ class EngineStore(ObjectStore):
         if expected is not None and expected.size > self.tuning.multipart_threshold:
             info = self._stat(key)
             self.check_version(key, expected, info.version)
-            return self._download_ranges(key, target, info)
+            return self._download_ranges(target, info)
         options = _get_options(expected.version if expected is not None else None)
         result = self._engine_call(
             key, lambda engine: obstore.get(engine, self._key(key), options=options)
         )
         info = _info(key, result.meta, result.attributes)
         if info.size > self.tuning.multipart_threshold:
-            return self._download_ranges(key, target, info)
+            return self._download_ranges(target, info)
         digest = hashlib.sha256()
         with open(target, "wb") as handle:
             for chunk in self._chunks(key, result):
@@ -588,7 +599,7 @@ class EngineStore(ObjectStore):
                 raise self._error(exc, key) from None
             yield chunk
 
-    def _download_ranges(self, key: str, target: Path, info: ObjectInfo) -> Fetched:
+    def _download_ranges(self, target: Path, info: ObjectInfo) -> Fetched:
         """Ranges in parallel (:class:`Tuning`), each asked of the version ``info`` names
         (``If-Match``), so all are of one, and written at its offset into ``target``, made the
         object's size first: on the store's range threads over plain HTTP, on its event loop
@@ -596,105 +607,109 @@ class EngineStore(ObjectStore):
         those under way stop at their next piece; the error is raised once none is in flight
         (no request of the engine may still be out when the caller goes on, or the interpreter
         ends). Each range writes through a descriptor of its own, closed as it ends: one the
-        caller stopped waiting for (a second Ctrl-C) writes nowhere else."""
+        caller stopped waiting for (a second Ctrl-C) writes nowhere else. A retry of the same
+        download (the same partial file, the object at the same version) fetches only the
+        ranges the attempts before did not bring whole."""
         size = info.size
         part = self.tuning.part_size_for(size, self.tuning.part_size)
-        ranges = [(start, min(part, size - start)) for start in range(0, size, part)]
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.ftruncate(fd, size)
-        finally:
-            os.close(fd)
+        job = _Ranged(info, target, self._landed_ranges(target, info))
+        if not job.landed:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.ftruncate(fd, size)
+            finally:
+                os.close(fd)
+        ranges = [
+            (start, min(part, size - start))
+            for start in range(0, size, part)
+            if start not in job.landed
+        ]
         if self.plain_http:
-            self._ranges_on_threads(key, info, target, ranges)
+            self._ranges_on_threads(job, ranges)
         else:
-            self._ranges_on_loop(key, info, target, ranges)
+            self._ranges_on_loop(job, ranges)
+        with self._lock:
+            self._landed.pop(target, None)
         return Fetched(info.sha256, None, info.version)
 
-    def _ranges_on_threads(
-        self, key: str, info: ObjectInfo, target: Path, ranges: list[tuple[int, int]]
-    ) -> None:
+    def _landed_ranges(self, target: Path, info: ObjectInfo) -> set[int]:
+        """The starts of the ranges of ``target`` that an earlier attempt at the same download
+        brought whole (the object at the same version and size), to be kept: empty for a
+        first attempt, or where the object has no version to ask each range for. What was
+        kept for partial files now gone (their downloads ended) is let go here."""
+        with self._lock:
+            for gone in [path for path in self._landed if not path.exists()]:
+                del self._landed[gone]
+            earlier = self._landed.get(target)
+            if earlier is None or earlier.info != info or not info.version:
+                earlier = self._landed[target] = _Ranged(info, target, set())
+            return earlier.landed
+
+    def _ranges_on_threads(self, job: _Ranged, ranges: list[tuple[int, int]]) -> None:
         """Over plain HTTP the connection hands over large pieces, so threads waiting on the
         engine's sync face are woken seldom, and cost less than an event loop's one thread
         writing every piece. The pool is asked for each download: a store closed meanwhile
         starts anew."""
         pool = self._pool("bt-ranges", self.tuning.ranges)
         stop = threading.Event()
-        fetch = partial(self._fetch_range, key, info, target, stop)
+        fetch = partial(self._fetch_range, job, stop)
         wait_all([pool.submit(partial(fetch, *at)) for at in ranges], stop.set)
 
-    def _fetch_range(
-        self,
-        key: str,
-        info: ObjectInfo,
-        target: Path,
-        stop: threading.Event,
-        start: int,
-        length: int,
-    ) -> None:
+    def _fetch_range(self, job: _Ranged, stop: threading.Event, start: int, length: int) -> None:
         """One range on a thread that waits on the engine's sync face for each piece; it ends
         at the next piece once ``stop`` is set (another range failed, or the caller stopped)."""
         import obstore
 
         if stop.is_set():
             return
-        options = _get_options(info.version, start, length)
+        options = _get_options(job.info.version, start, length)
         result = self._engine_call(
-            key, lambda engine: obstore.get(engine, self._key(key), options=options)
+            job.info.key,
+            lambda engine: obstore.get(engine, self._key(job.info.key), options=options),
         )
         offset = start
-        with _range_writer(target) as fd:
-            for piece in self._chunks(key, result):
+        with _range_writer(job.target) as fd:
+            for piece in self._chunks(job.info.key, result):
                 if stop.is_set():
                     return
                 offset += _write_at(fd, memoryview(piece), offset)
-        self._check_length(key, start, length, offset)
+        self._landed_whole(job, start, length, offset)
 
-    def _ranges_on_loop(
-        self, key: str, info: ObjectInfo, target: Path, ranges: list[tuple[int, int]]
-    ) -> None:
+    def _ranges_on_loop(self, job: _Ranged, ranges: list[tuple[int, int]]) -> None:
         """Over TLS the connection hands over each record (16 KiB): a thread waiting on the
         sync face would be woken for every one. On the store's event loop the engine joins
         them into pieces on its own threads; the loop's thread is woken once a piece."""
         engine = self.engine
         loop = self._event_loop()
-        loop.run(lambda: self._fetch_ranges(engine, key, info, target, ranges, loop.room))
+        loop.run(lambda: self._fetch_ranges(engine, job, ranges, loop.room))
 
     async def _fetch_ranges(
-        self,
-        engine: Any,
-        key: str,
-        info: ObjectInfo,
-        target: Path,
-        ranges: list[tuple[int, int]],
-        room: asyncio.Semaphore,
+        self, engine: Any, job: _Ranged, ranges: list[tuple[int, int]], room: asyncio.Semaphore
     ) -> None:
-        """``ranges`` of ``key``, as many at once as ``room`` lets the store's downloads have;
+        """``ranges`` of ``job``, as many at once as ``room`` lets the store's downloads have;
         at the first failure the others are cancelled, and its error raised once all have
         ended."""
 
         async def one(start: int, length: int) -> None:
             async with room:
-                await self._fetch_range_async(engine, key, info, target, start, length)
+                await self._fetch_range_async(engine, job, start, length)
 
         await in_task_group([one(start, length) for start, length in ranges])
 
-    async def _fetch_range_async(
-        self, engine: Any, key: str, info: ObjectInfo, target: Path, start: int, length: int
-    ) -> None:
+    async def _fetch_range_async(self, engine: Any, job: _Ranged, start: int, length: int) -> None:
         """One range on the event loop, the engine reading its body on its own threads."""
         import obstore
 
-        options = _get_options(info.version, start, length)
+        options = _get_options(job.info.version, start, length)
         try:
-            result = await obstore.get_async(engine, self._key(key), options=options)
+            result = await obstore.get_async(engine, self._key(job.info.key), options=options)
         except Exception as exc:
-            raise self._error(exc, key) from None
+            raise self._error(exc, job.info.key) from None
         offset = start
-        with _range_writer(target) as fd:
-            async for piece in self._chunks_async(key, result):
+        with _range_writer(job.target) as fd:
+            async for piece in self._chunks_async(job.info.key, result):
                 offset += _write_at(fd, memoryview(piece), offset)
-        self._check_length(key, start, length, offset)
+        self._landed_whole(job, start, length, offset)
 
     async def _chunks_async(self, key: str, result: Any) -> AsyncIterator[Any]:
         """:meth:`_chunks` on the event loop."""
@@ -708,10 +723,13 @@ class EngineStore(ObjectStore):
                 raise self._error(exc, key) from None
             yield piece
 
-    def _check_length(self, key: str, start: int, length: int, end: int) -> None:
-        """A range written from ``start`` up to ``end`` was all of its ``length`` bytes."""
+    def _landed_whole(self, job: _Ranged, start: int, length: int, end: int) -> None:
+        """A range written from ``start`` up to ``end``, kept as whole where that was all of its
+        ``length`` bytes."""
         if end - start != length:
-            raise TransientStoreError(f"{self.uri(key)}: short read at {start}", self.uri(key))
+            uri = self.uri(job.info.key)
+            raise TransientStoreError(f"{uri}: short read at {start}", uri)
+        job.landed.add(start)
 
     def _upload(self, path: Path, key: str) -> str:
         """Below the part size, one PUT with the sha256 as metadata; above, a multipart upload
