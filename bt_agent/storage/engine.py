@@ -612,7 +612,7 @@ class EngineStore(ObjectStore):
         ranges the attempts before did not bring whole."""
         size = info.size
         part = self.tuning.part_size_for(size, self.tuning.part_size)
-        job = _Ranged(info, target, self._landed_ranges(target, info))
+        job = self._ranged(target, info)
         if not job.landed:
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
@@ -632,9 +632,9 @@ class EngineStore(ObjectStore):
             self._landed.pop(target, None)
         return Fetched(info.sha256, None, info.version)
 
-    def _landed_ranges(self, target: Path, info: ObjectInfo) -> set[int]:
-        """The starts of the ranges of ``target`` that an earlier attempt at the same download
-        brought whole (the object at the same version and size), to be kept: empty for a
+    def _ranged(self, target: Path, info: ObjectInfo) -> _Ranged:
+        """The download of ``info`` into ``target``, with the ranges an earlier attempt at it
+        brought whole (the object at the same version and size), to be kept: none for a
         first attempt, or where the object has no version to ask each range for. What was
         kept for partial files now gone (their downloads ended) is let go here."""
         with self._lock:
@@ -643,7 +643,7 @@ class EngineStore(ObjectStore):
             earlier = self._landed.get(target)
             if earlier is None or earlier.info != info or not info.version:
                 earlier = self._landed[target] = _Ranged(info, target, set())
-            return earlier.landed
+            return earlier
 
     def _ranges_on_threads(self, job: _Ranged, ranges: list[tuple[int, int]]) -> None:
         """Over plain HTTP the connection hands over large pieces, so threads waiting on the
