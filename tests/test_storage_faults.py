@@ -8,7 +8,9 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import servers
@@ -20,10 +22,11 @@ from bt_agent.storage import open_store
 from bt_agent.storage.base import Upload, Wanted
 from bt_agent.storage.engine import Tuning
 from bt_agent.storage.flight import Pace
-from bt_agent.storage.retry import RetryPolicy, retry
+from bt_agent.storage.retry import RetryPolicy, retry, retry_for
 from bt_agent.storage.s3 import S3Store
 
 MiB = 1024 * 1024
+T = TypeVar("T")
 
 
 def _store(
@@ -116,18 +119,24 @@ def test_store_killed_mid_download_gives_a_clear_error_and_leaves_nothing(
     assert list(out.iterdir()) == [], "no partial file is left"
 
 
+@pytest.mark.parametrize("waited", [False, True], ids=["store-retries", "outage-wait"])
 @pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
 def test_a_download_retried_after_an_outage_fetches_only_the_ranges_it_lacked(
-    own_s3: servers.SeaweedFS, tmp_path: Path, tls: bool
+    own_s3: servers.SeaweedFS, tmp_path: Path, tls: bool, waited: bool
 ) -> None:
-    """A store that goes away while a large object comes in ranges, and is back within the
-    retries: the retry fetches only the ranges the attempts before did not bring whole (the
-    bytes through the link say so: about the object's size, not that and what came before the
-    outage), and the file is whole and right. The store reached through a real paced link
-    (10 MB/s a connection), the server killed and started again."""
+    """A store that goes away while a large object comes in ranges, and is back: the retry
+    fetches only the ranges the attempts before did not bring whole (the bytes through the link
+    say so: about the object's size, not that and what came before the outage), and the file
+    is whole and right. Back within the store's own retries, or only once they were spent and
+    the caller's outage wait (``attempt``, as staging's) made the download again. The store
+    reached through a real paced link (10 MB/s a connection), the server killed and started
+    again."""
     from far_link import FarLink
 
-    policy = RetryPolicy(attempts=12, base_seconds=0.5, cap_seconds=2.0)
+    if waited:  # spent long before the store is back: the wait above them brings it
+        policy, outage = RetryPolicy(attempts=2, base_seconds=0.05, cap_seconds=0.1), 4.0
+    else:
+        policy, outage = RetryPolicy(attempts=12, base_seconds=0.5, cap_seconds=2.0), 1.0
     near = _store(own_s3, policy, tls)
     source = _big_file(tmp_path, 100 * MiB)
     near.upload_file(source, "model.bin")
@@ -136,10 +145,14 @@ def test_a_download_retried_after_an_outage_fetches_only_the_ranges_it_lacked(
     store = _store(own_s3, policy, tls, bucket=near.url.split("/")[2], endpoint=endpoint)
     out = tmp_path / "out" / "model.bin"
     outcome: list[BaseException] = []
+    waits: list[TransientStoreError] = []
+
+    def attempt(call: Callable[[], T]) -> T:
+        return retry_for(call, 120.0, on_failure=lambda exc, left: waits.append(exc))
 
     def download() -> None:
         try:
-            store.download("model.bin", out, store.stat("model.bin"))
+            store.download("model.bin", out, store.stat("model.bin"), attempt)
         except BaseException as exc:
             outcome.append(exc)
 
@@ -151,14 +164,16 @@ def test_a_download_retried_after_an_outage_fetches_only_the_ranges_it_lacked(
             assert time.monotonic() < deadline and fetching.is_alive(), outcome
             time.sleep(0.01)
         own_s3.stop(sig=signal.SIGKILL)
-        time.sleep(1.0)
+        time.sleep(outage)
         own_s3.start()
         fetching.join(timeout=120)
     finally:
         far.close()
     assert not fetching.is_alive() and not outcome, outcome
+    assert bool(waits) == waited, waits
     assert hashlib.sha256(out.read_bytes()).digest() == hashlib.sha256(source.read_bytes()).digest()
     assert far.passed < 1.25 * 100 * MiB, f"{far.passed / MiB:.0f} MiB came for 100 MiB"
+    assert [path.name for path in out.parent.iterdir()] == ["model.bin"], "no partial file is left"
 
 
 def test_store_back_within_the_retries_completes_the_upload(

@@ -29,7 +29,7 @@ from bt_agent.spec.models import CheckpointReference, LatestCheckpoint, NamedChe
 from bt_agent.staging.progress import Progress
 from bt_agent.storage import ObjectInfo
 from bt_agent.storage.base import Wanted
-from bt_agent.storage.retry import OutageWait
+from bt_agent.storage.retry import Attempt, OutageWait, once
 from bt_agent.storage.transfer import FETCH_WORKERS, UnderWay, download_all
 
 JOBS_NAMED = 20  # the newest jobs an error names
@@ -171,7 +171,7 @@ class CheckpointLoader:
                 label,
                 self.log,
                 self.stopping,
-                lambda call: self.outage.call(label, call),
+                self.outage.attempts(label),
             )
         except StoreError as exc:
             raise StagingError(f"checkpoints[{item.index}] {item.label}: {exc}") from exc
@@ -185,7 +185,7 @@ def download_checkpoint(
     manifest: Manifest,
     target: Path,
     stopping: Callable[[], bool] = lambda: False,
-    attempt: Callable[[Callable[[], object]], object] = lambda call: call(),
+    attempt: Attempt = once,
     fetched: Callable[[int], None] = lambda size: None,
     under_way: UnderWay = lambda path, size: contextlib.nullcontext(),
 ) -> None:
@@ -258,7 +258,7 @@ def download_reporting(
     label: str,
     log: AgentLog,
     stopping: Callable[[], bool] = lambda: False,
-    attempt: Callable[[Callable[[], object]], object] = lambda call: call(),
+    attempt: Attempt = once,
 ) -> None:
     """:func:`download_checkpoint`, with progress lines called ``label`` on ``log`` while it
     goes."""

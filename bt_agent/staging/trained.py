@@ -18,6 +18,7 @@ from bt_agent.records import Manifest, latest_manifest, natural_key
 from bt_agent.spec.bt_uri import CheckpointURI, parse_checkpoint_uri
 from bt_agent.staging.checkpoints import find_manifest, job_project
 from bt_agent.storage.base import Fetched, Finished, ObjectInfo, ObjectStore, Wanted
+from bt_agent.storage.retry import Attempt, once
 
 
 def resolve(catalog: Catalog, reference: CheckpointURI, current_job: str | None) -> Manifest:
@@ -82,10 +83,16 @@ class CheckpointSource(ObjectStore):
         self.download(key, target)
         return Fetched(computed_sha256=self._stat(key).sha256)
 
-    def download(self, key: str, destination: Path, expected: ObjectInfo | None = None) -> Path:
+    def download(
+        self,
+        key: str,
+        destination: Path,
+        expected: ObjectInfo | None = None,
+        attempt: Attempt = once,
+    ) -> Path:
         """The store's download of the file, verified against the manifest's size and sha256."""
         return self.store.download(
-            self._full(key), destination, self._in_store(expected or self._stat(key))
+            self._full(key), destination, self._in_store(expected or self._stat(key)), attempt
         )
 
     def batch_max_size(self) -> int:

@@ -460,9 +460,8 @@ class WeightsStager:
 
         def download(target: Path) -> None:
             with progress.fetching(target, item.info.size):
-                self.outage.call(
-                    f"weights[{plan.index}]",
-                    lambda: plan.store.download(item.info.key, target, item.info),
+                plan.store.download(
+                    item.info.key, target, item.info, self.outage.attempts(f"weights[{plan.index}]")
                 )
 
         if self.cluster is None:

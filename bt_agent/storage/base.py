@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from bt_agent.errors import ChangedError, IntegrityError, NotFoundError, StoreError
 from bt_agent.storage.keys import check_key, join_key
-from bt_agent.storage.retry import DEFAULT_POLICY, RetryPolicy, retry
+from bt_agent.storage.retry import DEFAULT_POLICY, Attempt, RetryPolicy, once, retry
 
 CHUNK = 1024 * 1024
 _partials = itertools.count()  # names this process's partial files apart (with its pid)
@@ -339,9 +339,18 @@ class ObjectStore(ABC):
         check_key(key)
         return retry(lambda: self._read(key), self.policy)
 
-    def download(self, key: str, destination: Path, expected: ObjectInfo | None = None) -> Path:
+    def download(
+        self,
+        key: str,
+        destination: Path,
+        expected: ObjectInfo | None = None,
+        attempt: Attempt = once,
+    ) -> Path:
         """Fetch ``key`` to ``destination`` atomically: a unique ``*.incomplete`` file beside it,
-        verified (size always; sha256 when known), then renamed into place."""
+        verified (size always; sha256 when known), then renamed into place. The store's own
+        retries are made through ``attempt`` (which may make them again, as an outage is
+        waited out) into the same partial file, so each attempt fetches only what the ones
+        before did not bring whole where the backend can tell."""
         check_key(key)
         if not destination.parent.is_dir():
             destination.parent.mkdir(parents=True, exist_ok=True)
@@ -351,7 +360,9 @@ class ObjectStore(ABC):
                 partial.touch()
                 fetched = Fetched(version=expected.version)
             else:
-                fetched = retry(lambda: self._download(key, partial, expected), self.policy)
+                fetched = attempt(
+                    lambda: retry(lambda: self._download(key, partial, expected), self.policy)
+                )
             self._verify(key, partial, expected, fetched)
             os.replace(partial, destination)
         except BaseException:

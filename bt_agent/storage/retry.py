@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from bt_agent.errors import TransientStoreError
 
@@ -26,6 +26,18 @@ class RetryPolicy:
 
 
 DEFAULT_POLICY = RetryPolicy()
+
+
+class Attempt(Protocol):
+    """How a caller has a call made: ``attempt(call)`` returns what ``call()`` returned, and
+    may make it again after a failure (:meth:`OutageWait.attempts`)."""
+
+    def __call__(self, call: Callable[[], T], /) -> T: ...
+
+
+def once(call: Callable[[], T]) -> T:
+    """The call made once: the :class:`Attempt` of a caller that waits out nothing."""
+    return call()
 
 
 def retry(
@@ -103,3 +115,12 @@ class OutageWait:
             self._warn(label, exc, left)
 
         return retry_for(call, self.seconds, self.stopping, failed)
+
+    def attempts(self, label: str) -> Attempt:
+        """:meth:`call` under ``label``, as an :class:`Attempt` to hand to a store's download
+        (which then keeps its partial file, and what is whole of it, across the wait)."""
+
+        def attempt(call: Callable[[], T]) -> T:
+            return self.call(label, call)
+
+        return attempt

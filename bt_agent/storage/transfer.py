@@ -22,6 +22,7 @@ from typing import TypeVar
 from bt_agent.storage.base import ObjectInfo, ObjectStore, Upload, UploadResult, Wanted
 from bt_agent.storage.flight import DaemonPool, wait_all
 from bt_agent.storage.keys import join_key, local_path, relative_key
+from bt_agent.storage.retry import Attempt, once
 
 T = TypeVar("T")
 DEFAULT_WORKERS = 16
@@ -123,14 +124,15 @@ def download_all(
     workers: int = DEFAULT_WORKERS,
     *,
     stopping: Callable[[], bool] = lambda: False,
-    attempt: Callable[[Callable[[], object]], object] = lambda call: call(),
+    attempt: Attempt = once,
     fetched: Callable[[int], None] = lambda size: None,
     under_way: UnderWay = lambda path, size: contextlib.nullcontext(),
 ) -> None:
     """Each of ``wanted`` to its destination, verified as :meth:`ObjectStore.download` does:
     the small ones in one batch where the store has a batch path; the others, and any the
     batch could not place, a thread each (a large one in parallel ranges of its own), each
-    through ``attempt`` (which may retry it) and inside ``under_way(path, size)``.
+    made through ``attempt`` (:meth:`ObjectStore.download`) and inside
+    ``under_way(path, size)``.
     ``fetched(size)`` is told of each once it is in place, from any thread. A stop requested
     (``stopping()``) ends it at once, as :func:`each` says (:class:`InterruptedError`)."""
     for parent in {item.destination.parent for item in wanted}:
@@ -158,7 +160,7 @@ def download_all(
         check()
         info = item.expected
         with under_way(item.destination, info.size):
-            attempt(functools.partial(store.download, info.key, item.destination, info))
+            store.download(info.key, item.destination, info, attempt)
         fetched(info.size)
 
     if batched:
