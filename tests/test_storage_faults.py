@@ -22,7 +22,7 @@ from bt_agent.storage import open_store
 from bt_agent.storage.base import Upload, Wanted
 from bt_agent.storage.engine import Tuning
 from bt_agent.storage.flight import Pace
-from bt_agent.storage.retry import RetryPolicy, retry, retry_for
+from bt_agent.storage.retry import OutageWait, RetryPolicy, retry, retry_for
 from bt_agent.storage.s3 import S3Store
 
 MiB = 1024 * 1024
@@ -253,13 +253,52 @@ def test_retry_for_waits_out_an_outage_then_gives_up_or_stops() -> None:
         return "ok"
 
     now[0] = 0.0
-    assert retry_for(flaky, 60, sleep=sleep, clock=clock) == "ok"
+    waited: list[float] = []
+    assert retry_for(flaky, 60, sleep=sleep, clock=clock, on_back=waited.append) == "ok"
     assert now[0] < back_at + 12, "retried soon after the store came back"
+    assert waited == [now[0]], "told how long it waited, once it got through"
+    assert retry_for(lambda: "ok", 60, on_back=waited.append) == "ok" and len(waited) == 1
 
     now[0] = 0.0
     with pytest.raises(InterruptedError):
         retry_for(down, 60, stopping=lambda: now[0] > 5, sleep=sleep, clock=clock)
     assert now[0] < 6, "a stop request ends the wait"
+
+
+def test_an_outage_is_said_once_per_label_and_so_is_its_end() -> None:
+    """Threads that share a label wait out one outage: it is said once, its end once (by the
+    first call through), and a second outage is said again."""
+    said: list[str] = []
+    down = threading.Event()
+    down.set()
+    wait = OutageWait(60, lambda: False, "the source", said.append, said.append)
+
+    def fetch() -> str:
+        if down.is_set():
+            raise TransientStoreError("cannot reach s3://b/k", "s3://b/k")
+        return "ok"
+
+    def call() -> None:
+        assert wait.call("weights[0]", fetch) == "ok"
+
+    for _ in range(2):  # two outages
+        callers = [threading.Thread(target=call) for _ in range(4)]
+        for caller in callers:
+            caller.start()
+        deadline = time.monotonic() + 10
+        while len(said) % 2 == 0:  # until this outage is said
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.2)  # every caller has failed once
+        down.clear()
+        for caller in callers:
+            caller.join(timeout=30)
+        down.set()
+    assert [line.split(" (")[0].split(" after")[0] for line in said] == [
+        "weights[0]: the source is unreachable",
+        "weights[0]: the source is reachable again",
+    ] * 2, said
+    assert said[0].endswith("retrying for up to 60 s") and said[1].endswith(" s"), said
 
 
 # --- answers and damage a real server gives on no demand: a proxy in front of it --------------

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bt_agent.catalog import Catalog, checkpoint_prefix
 from bt_agent.context import NodeContext
-from bt_agent.errors import NotFoundError, StagingError, StoreError, TransientStoreError
+from bt_agent.errors import NotFoundError, StagingError, StoreError
 from bt_agent.log import AgentLog, counted, format_bytes
 from bt_agent.records import Manifest, latest_manifest, natural_key
 from bt_agent.settings import DEFAULT_OUTAGE_SECONDS
@@ -61,7 +61,9 @@ class CheckpointLoader:
         self.load_dir = load_dir
         self.log = log
         self.stopping = stopping
-        self.outage = OutageWait(outage_seconds, stopping, self._unreachable)
+        self.outage = OutageWait(
+            outage_seconds, stopping, "the store", self.log.warning, self.log.info
+        )
 
     def load(self, references: list[CheckpointReference]) -> list[Resolved]:
         """Resolve every reference, then download each; an unreachable store is waited out."""
@@ -70,11 +72,6 @@ class CheckpointLoader:
         for item in resolved:
             self._download(item)
         return resolved
-
-    def _unreachable(self, label: str, exc: TransientStoreError, left: float) -> None:
-        self.log.warning(
-            f"{label}: the store is unreachable ({exc}); retrying for up to {left:.0f} s"
-        )
 
     # --- resolution ------------------------------------------------------------------------
 

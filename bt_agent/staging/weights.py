@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bt_agent.context import NodeContext
-from bt_agent.errors import StagingError, StoreError, TransientStoreError, UsageError
+from bt_agent.errors import StagingError, StoreError, UsageError
 from bt_agent.log import AgentLog, counted, format_bytes
 from bt_agent.secrets import Secrets
 from bt_agent.settings import (
@@ -233,7 +233,9 @@ class WeightsStager:
         self.mount_path = mount_path
         self.stopping = stopping
         outage_seconds = environ.number(STORE_OUTAGE_VARIABLE, DEFAULT_OUTAGE_SECONDS)
-        self.outage = OutageWait(outage_seconds, stopping, self._unreachable)
+        self.outage = OutageWait(
+            outage_seconds, stopping, "the source", self.log.warning, self.log.info
+        )
 
     def stage(self, sources: list[WeightsSource]) -> list[SourcePlan]:
         """Plan every source (a mistake in the last is found before the first downloads),
@@ -471,11 +473,6 @@ class WeightsStager:
         copy_atomic(shared, path)
         if hit:
             tally.cluster_hit()
-
-    def _unreachable(self, label: str, exc: TransientStoreError, left: float) -> None:
-        self.log.warning(
-            f"{label}: the source is unreachable ({exc}); retrying for up to {left:.0f} s"
-        )
 
     def _mount(self, plan: SourcePlan) -> None:
         mount = plan.mount

@@ -66,43 +66,55 @@ def retry_for(
     on_failure: Callable[[TransientStoreError, float], None] = lambda exc, left: None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    on_back: Callable[[float], None] = lambda waited: None,
 ) -> T:
     """``call()`` (itself retried a few times by the store) again and again while it fails
     transiently, for up to ``seconds`` after the first failure: an outage of the store outlasts
-    a few quick retries. ``on_failure(error, seconds_left)`` is told of each failure; a stop
-    request ends the waiting with :class:`InterruptedError`."""
-    give_up: float | None = None
+    a few quick retries. ``on_failure(error, seconds_left)`` is told of each failure, and
+    ``on_back(seconds_waited)`` of a call that got through after one; a stop request ends the
+    waiting with :class:`InterruptedError`."""
+    first: float | None = None
     attempt = 0
     while True:
         try:
-            return call()
+            result = call()
         except TransientStoreError as exc:
             now = clock()
-            give_up = now + seconds if give_up is None else give_up
+            first = now if first is None else first
             if stopping():
                 raise InterruptedError("stop requested") from exc
-            if now >= give_up:
+            if now >= first + seconds:
                 raise
-            on_failure(exc, give_up - now)
+            on_failure(exc, first + seconds - now)
             attempt += 1
-            wake = min(give_up, now + 1.0 + random.random() * min(10.0, 2.0**attempt))
+            wake = min(first + seconds, now + 1.0 + random.random() * min(10.0, 2.0**attempt))
             while clock() < wake and not stopping():  # a stop request is heard within 0.1 s
                 sleep(0.1)
+            continue
+        if first is not None:
+            on_back(clock() - first)
+        return result
 
 
 class OutageWait:
-    """Calls that wait out an unreachable store (:func:`retry_for`), saying so once per
-    ``label`` through ``warn(label, error, seconds_left)``; safe to share between threads."""
+    """Calls that wait out an unreachable store (:func:`retry_for`), saying once per ``label``
+    through ``warn`` that ``what`` (the source, the store) is unreachable and, once a call
+    under it gets through again, through ``tell`` that it is back (a later outage is said
+    again); safe to share between threads."""
 
     def __init__(
         self,
         seconds: float,
         stopping: Callable[[], bool],
-        warn: Callable[[str, TransientStoreError, float], None],
+        what: str,
+        warn: Callable[[str], None],
+        tell: Callable[[str], None],
     ) -> None:
         self.seconds = seconds
         self.stopping = stopping
+        self.what = what
         self._warn = warn
+        self._tell = tell
         self._warned: set[str] = set()
         self._lock = threading.Lock()
 
@@ -112,9 +124,17 @@ class OutageWait:
                 if label in self._warned:
                     return
                 self._warned.add(label)
-            self._warn(label, exc, left)
+            unreachable = f"{label}: {self.what} is unreachable ({exc})"
+            self._warn(f"{unreachable}; retrying for up to {left:.0f} s")
 
-        return retry_for(call, self.seconds, self.stopping, failed)
+        def back(waited: float) -> None:
+            with self._lock:
+                if label not in self._warned:
+                    return  # said by another call under the label
+                self._warned.discard(label)
+            self._tell(f"{label}: {self.what} is reachable again after {waited:.0f} s")
+
+        return retry_for(call, self.seconds, self.stopping, failed, on_back=back)
 
     def attempts(self, label: str) -> Attempt:
         """:meth:`call` under ``label``, as an :class:`Attempt` to hand to a store's download

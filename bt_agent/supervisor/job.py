@@ -186,10 +186,19 @@ class JobRunner:
     def _wait_out_the_store(self, call: Callable[[], object]) -> None:
         """``call()`` until it gets through, waiting out an unreachable store (a stop signal
         ends the wait with :class:`InterruptedError`)."""
-        retry_for(call, self._outage_seconds, lambda: self.relay.stopping, self._store_unreachable)
+        retry_for(
+            call,
+            self._outage_seconds,
+            lambda: self.relay.stopping,
+            self._store_unreachable,
+            on_back=self._store_back,
+        )
 
     def _store_unreachable(self, exc: TransientStoreError, left: float) -> None:
         self.log.warning(f"the store is unreachable ({exc}); retrying for up to {left:.0f} s")
+
+    def _store_back(self, waited: float) -> None:
+        self.log.info(f"the store is reachable again after {waited:.0f} s")
 
     def _finish(self, outcome: Outcome, reporter: StoreReporter) -> None:
         """Record the end. The log is complete in the store before the terminal status is, so

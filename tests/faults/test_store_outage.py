@@ -58,6 +58,7 @@ def test_store_down_for_20_seconds_during_staging(agent: Agent, own_s3: servers.
     for name, data in files.items():
         assert hashlib.sha256((mount / name).read_bytes()).digest() == hashlib.sha256(data).digest()
     assert "retrying for up to" in agent.output()
+    assert "weights[0]: the source is reachable again after" in agent.output()
 
 
 def _commit(store: ObjectStore, job_id: str, files: dict[str, bytes]) -> None:
@@ -112,6 +113,7 @@ def test_store_down_for_20_seconds_while_checkpoints_load(
         assert finish(process, 180, agent) == 0, agent.output()
     finally:
         weights.stop()
+    assert "checkpoints[0]: the store is reachable again after" in agent.output()
     loaded = agent.node_root / "tmp" / "loaded_checkpoints" / "rank-0" / "checkpoint-7"
     assert {p.name: p.read_bytes() for p in loaded.iterdir()} == files
     assert _node_record(open_store(url, Environ(env)), "outl001")["status"] == (
@@ -140,6 +142,7 @@ def test_store_down_when_the_job_starts_and_when_it_ends(
     time.sleep(8)
     own_s3.start()
     wait_for(lambda: "start_commands[0]" in agent.output(), 60, "the commands to start")
+    assert "the store is reachable again after" in agent.output()  # the record created
     own_s3.stop()
     flag.touch()  # the commands end while the store is down
     wait_for(lambda: "COMPLETED (exit 0)" in agent.output(), 30, "the commands to end")
