@@ -492,6 +492,44 @@ def test_partial_files_no_fill_is_making_are_cleared_and_those_under_way_kept(
     assert under_way.exists() and whole.exists()
 
 
+def test_a_partial_file_that_a_staging_can_take_up_is_kept_for_it(tmp_path: Path) -> None:
+    """The partial file of a download in ranges that a stop left, with its record of what is
+    written, is kept by the entry's next fill (which takes it up) and by the staging's clearing
+    of abandoned partial files, but not where its record is of another boot of the machine
+    (the page cache that held its bytes is gone), nor by ``cache prune``, which asks for the
+    space."""
+    from bt_agent.storage.base import ranges_record, resumable_path
+    from bt_agent.storage.ranges import Ranged
+
+    cache = NodeCache(tmp_path / "cache")
+    fresh, stale, other = entry_id("fresh"), entry_id("stale"), entry_id("other")
+    cache.prepare([fresh, stale, other])
+    partials = {}
+    for entry in (fresh, stale, other):
+        partial = partials[entry] = resumable_path(cache.path(entry))
+        partial.write_bytes(bytes(4096))
+        job = Ranged(ObjectInfo("model.bin", 4096, "etag-1"), partial, 1024, {0: 1024})
+        job.save()
+        assert Ranged.taken_up(partial, job.info, 1024).written == {0: 1024}
+    record = ranges_record(partials[stale])
+    record.write_text(record.read_text().replace('"boot": "', '"boot": "another-'))
+    assert Ranged.taken_up(partials[stale], job.info, 1024).written == {}
+    beside = cache.path(other).with_name(f".{other}.99999.1.incomplete")
+    beside.write_bytes(bytes(10))
+
+    filled: list[bool] = []
+    cache.ensure(
+        other, 5, lambda path: (filled.append(partials[other].exists()), path.write_bytes(b"12345"))
+    )
+    assert filled == [True] and not beside.exists(), "the fill finds it, and only it"
+
+    removed = cache.clear_abandoned(keep_resumable=True)
+    assert sorted(e.path for e in removed) == sorted([partials[stale], record])
+    assert partials[fresh].exists() and ranges_record(partials[fresh]).exists()
+    removed = cache.clear_abandoned()
+    assert partials[fresh] in [e.path for e in removed] and not partials[fresh].exists()
+
+
 def test_cluster_tier_serves_a_second_node(
     agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
 ) -> None:
@@ -710,37 +748,38 @@ def test_sigterm_while_staging(
     assert not ran.exists() and not (agent.node_root / "d").exists()
 
 
-def test_a_stop_ends_staging_at_once_mid_file_and_the_next_staging_clears_what_it_left(
+def test_a_stop_ends_staging_at_once_mid_file_and_the_next_staging_goes_on_from_there(
     agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
 ) -> None:
     """A stop signal while a large file comes through a slow link (the whole would take over
     half a minute): `bt-agent stage` (SIGINT, a user's Ctrl-C) and `bt-agent run` (SIGTERM,
     the platform's) end at once rather than when the file is whole, `run` recording STOPPED
-    within its grace period. Nothing is mounted; the partial files left in the node cache are
-    removed by the next staging of the same file, which completes."""
+    within its grace period. Nothing is mounted; the partial file in the node cache is kept,
+    and each staging after takes it up where the one before stopped: the last, through a link
+    that counts what passes, fetches only what the stopped ones did not write."""
     import signal
 
     from far_link import FarLink
     from helpers import finish
 
+    size = 32 * 1024 * 1024
     env = _env(agent, s3_server, hf_server)
-    url = _seed_s3(s3_server, {"model.bin": bytes(range(256)) * (128 * 1024)})  # 32 MiB
-    far = FarLink(s3_server.port, 0.0, 1e6)
+    url = _seed_s3(s3_server, {"model.bin": bytes(range(256)) * (size // 256)})
+    slow, counted = FarLink(s3_server.port, 0.0, 1e6), FarLink(s3_server.port, 0.0, 1e9)
     weights = [{"source": url, "mount_location": "/d", "auth_secret_name": "s3_creds"}]
     spec = agent.spec(_job(weights, "true"))
     objects = agent.node_root / "var/cache/bt-agent/node/objects"
     try:
-        slow = {**env, "AWS_ENDPOINT_URL": far.endpoint}
         for command, number in (("stage", signal.SIGINT), ("run", signal.SIGTERM)):
             agent.root.joinpath("agent.err").unlink(missing_ok=True)
             process = subprocess.Popen(
                 [sys.executable, "-m", "bt_agent", command, str(spec), *agent.context_args()],
-                env=agent.full_env(slow),
+                env=agent.full_env({**env, "AWS_ENDPOINT_URL": slow.endpoint}),
                 stderr=open(agent.root / "agent.err", "w"),  # noqa: SIM115 (closed with it)
                 stdout=subprocess.DEVNULL,
             )
-            own = f"*/.*.{process.pid}.*.incomplete"  # its own partial file: under way
-            wait_for(lambda pattern=own: any(objects.glob(pattern)), 30, "the download")
+            until = slow.passed + 4 * 1024 * 1024  # some of the file has come
+            wait_for(lambda until=until: slow.passed > until, 30, "the download")
             sent = time.monotonic()
             process.send_signal(number)
             assert finish(process, 30, agent) == 128 + number, agent.output()
@@ -749,13 +788,23 @@ def test_a_stop_ends_staging_at_once_mid_file_and_the_next_staging_clears_what_i
         node = json.loads(next(agent.store.glob("projects/*/jobs/*/nodes/rank-0.json")).read_text())
         assert node["status"] == "TRAINING_JOB_STOPPED"
         assert node["error"] == "stopped by SIGTERM before any command ran", node["error"]
+        [kept] = objects.glob("*/.*.resumable.incomplete")
+        written = kept.stat().st_blocks * 512
+        # more than either stop's download brought: the second took up what the first wrote
+        assert 5 * 1024 * 1024 <= written < size, f"the stops wrote {written} bytes"
+        staged = agent(
+            "stage",
+            str(spec),
+            *agent.context_args(),
+            env={**env, "AWS_ENDPOINT_URL": counted.endpoint},
+        )
     finally:
-        far.close()
-    assert any(objects.glob("*/.*.incomplete")), "the stops left partial files"
-    staged = agent("stage", str(spec), *agent.context_args(), env=env)
+        slow.close()
+        counted.close()
     assert staged.code == 0, staged.text
-    assert (agent.node_root / "d" / "model.bin").stat().st_size == 32 * 1024 * 1024
-    assert not list(objects.glob("*/.*")), "what the stopped fills left is gone"
+    assert (agent.node_root / "d" / "model.bin").read_bytes() == bytes(range(256)) * (size // 256)
+    assert counted.passed < size - written + 1024 * 1024, f"{counted.passed} bytes came again"
+    assert not list(objects.glob("*/.*")), "nothing partial is left"
 
 
 def test_progress_lines_say_bytes_rate_and_eta() -> None:
@@ -814,20 +863,21 @@ def test_progress_counts_the_blocks_of_a_partial_file_made_its_full_size(
     tmp_path: Path,
 ) -> None:
     """A ranged download makes its partial file the object's size first, then writes ranges
-    at their offsets: what has come is the blocks written, not the size."""
+    at their offsets: what has come is the blocks written, not the size; of a partial file
+    that this process's download takes up, likewise."""
     from bt_agent.staging.progress import Progress
-    from bt_agent.storage.base import partial_path
+    from bt_agent.storage.base import partial_path, resumable_path
 
-    target = tmp_path / "model.bin"
-    partial = partial_path(target)
-    with open(partial, "wb") as handle:
-        handle.truncate(64 * 1024 * 1024)
-        handle.seek(8 * 1024 * 1024)
-        handle.write(b"x" * (4 * 1024 * 1024))
-    progress = Progress("weights[0]", 64 * 1024 * 1024, AgentLog(io.StringIO()), None)
-    with progress.fetching(target, 64 * 1024 * 1024):
-        assert "4.2 of 67.1 MB (6%)" in progress.line(), progress.line()
-    assert "0.0 of 67.1 MB (0%)" in progress.line(), "a file no longer under way counts nothing"
+    for partial in (partial_path(tmp_path / "model.bin"), resumable_path(tmp_path / "model.bin")):
+        with open(partial, "wb") as handle:
+            handle.truncate(64 * 1024 * 1024)
+            handle.seek(8 * 1024 * 1024)
+            handle.write(b"x" * (4 * 1024 * 1024))
+        progress = Progress("weights[0]", 64 * 1024 * 1024, AgentLog(io.StringIO()), None)
+        with progress.fetching(tmp_path / "model.bin", 64 * 1024 * 1024):
+            assert "4.2 of 67.1 MB (6%)" in progress.line(), progress.line()
+        assert "0.0 of 67.1 MB (0%)" in progress.line(), "a file no longer under way counts nothing"
+        partial.unlink()
 
 
 def test_gs_r2_cw_and_https_sources(

@@ -36,6 +36,8 @@ from pathlib import Path
 
 from bt_agent.log import counted, format_bytes
 from bt_agent.settings import NODE_CACHE_CONTAINER_DIR
+from bt_agent.storage.base import RANGES_RECORD, is_resumable, ranges_record, resumable_path
+from bt_agent.storage.ranges import may_take_up
 
 #: Where ``F_OFD_SETLK`` is missing: hex digits of an entry id that pick its lock file.
 LOCK_STRIPE_DIGITS = 3
@@ -51,9 +53,13 @@ ENTRY_MODE = 0o444
 #: The modification time of every placed entry (1980-01-01, the epoch of reproducible builds):
 #: any write to the file since sets its own.
 SEALED_MTIME_NS = 315_532_800 * 10**9
-#: How the names of partial files end: a download's, and a copy's from the cluster tier. They
-#: begin with a dot and the entry's id (``.<entry>.<pid>.<n>.incomplete``).
-PARTIAL_SUFFIXES = (".incomplete", ".tmp")
+#: How the names of partial files end: a download's, a copy's from the cluster tier, and the
+#: record of a download in ranges. They begin with a dot and the entry's id
+#: (``.<entry>.<pid>.<n>.incomplete``, ``.<entry>.resumable.incomplete``).
+PARTIAL_SUFFIXES = (".incomplete", ".tmp", RANGES_RECORD)
+#: How long the partial file of a download in ranges, stopped, is kept for a later staging to
+#: take up where it stopped (on the same boot of the machine).
+KEEP_RESUMABLE_SECONDS = 24 * 3600
 
 
 def copy_atomic(source: Path, target: Path) -> None:
@@ -205,20 +211,28 @@ class NodeCache:
     @staticmethod
     def _clear_partials(path: Path) -> None:
         """Remove what fills of the entry at ``path`` left unfinished (an agent stopped or
-        killed mid-download): with the entry's lock held, no one else is writing them."""
+        killed mid-download), but for the partial file that its download takes up
+        (:func:`resumable_path`): with the entry's lock held, no one else is writing them."""
+        resumable = resumable_path(path)
         for partial in path.parent.glob(f".{glob.escape(path.name)}.*"):
-            if partial.name.endswith(PARTIAL_SUFFIXES):
+            if partial.name.endswith(PARTIAL_SUFFIXES) and partial not in (
+                resumable,
+                ranges_record(resumable),
+            ):
                 partial.unlink(missing_ok=True)
 
-    def clear_abandoned(self) -> list[Entry]:
+    def clear_abandoned(self, keep_resumable: bool = False) -> list[Entry]:
         """Remove the partial files no fill is making any more (their entry's lock is free):
         those a staging stopped or killed left of an entry never staged again, which no
-        budget counts. Returns them."""
+        budget counts. With ``keep_resumable``, those that a staging of the entry could take
+        up where it stopped are kept, for :data:`KEEP_RESUMABLE_SECONDS`. Returns the removed."""
         removed: list[Entry] = []
         if not self.objects.is_dir():
             return removed
         for partial in self.objects.glob("*/.*"):
             if not partial.name.endswith(PARTIAL_SUFFIXES):
+                continue
+            if keep_resumable and self._resumable(partial):
                 continue
             claim = self.claim(partial.name[1:].split(".", 1)[0])
             if claim is None:
@@ -232,6 +246,13 @@ class NodeCache:
                 claim.release()
             removed.append(Entry(partial, status.st_size, status.st_atime, False))
         return removed
+
+    @staticmethod
+    def _resumable(partial: Path) -> bool:
+        """Whether ``partial`` is the partial file of a download in ranges, or its record,
+        that a later download could take up."""
+        taken_up = partial.with_name(partial.name.removesuffix(RANGES_RECORD))
+        return is_resumable(taken_up) and may_take_up(taken_up, KEEP_RESUMABLE_SECONDS)
 
     @staticmethod
     def seal(path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TextIO
 
 from bt_agent.log import AgentLog
-from bt_agent.storage.base import partial_prefix
+from bt_agent.storage.base import partial_prefix, resumable_path
 
 INTERVAL_SECONDS = 5.0
 
@@ -106,14 +106,16 @@ class Progress:
 
 
 def _written(destination: Path, size: int) -> int:
-    """What this process's partial files of ``destination`` hold, at most ``size``: a file
-    made its full size before its ranges are written is sparse, so its blocks, not its size,
-    say how much has come."""
+    """What this process's partial files of ``destination`` hold, and the one it takes up
+    (:func:`resumable_path`), at most ``size``: a file made its full size before its ranges are
+    written is sparse, so its blocks, not its size, say how much has come."""
     prefix = partial_prefix(destination)
+    resumable = resumable_path(destination).name
     held = 0
     with contextlib.suppress(OSError), os.scandir(destination.parent) as entries:
         for entry in entries:
-            if entry.name.startswith(prefix) and entry.name.endswith(".incomplete"):
+            ours = entry.name.startswith(prefix) and entry.name.endswith(".incomplete")
+            if ours or entry.name == resumable:
                 with contextlib.suppress(OSError):
                     found = entry.stat(follow_symlinks=False)
                     held += min(found.st_blocks * 512, found.st_size)

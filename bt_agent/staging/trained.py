@@ -89,10 +89,15 @@ class CheckpointSource(ObjectStore):
         destination: Path,
         expected: ObjectInfo | None = None,
         attempt: Attempt = once,
+        resumable: bool = False,
     ) -> Path:
         """The store's download of the file, verified against the manifest's size and sha256."""
         return self.store.download(
-            self._full(key), destination, self._in_store(expected or self._stat(key)), attempt
+            self._full(key),
+            destination,
+            self._in_store(expected or self._stat(key)),
+            attempt,
+            resumable,
         )
 
     def batch_max_size(self) -> int:

@@ -203,7 +203,7 @@ def stage_job_weights(
     stager = WeightsStager(cache, log, environ, secrets.values, host, stopping, cluster, trained)
     plans = stager.stage(job.weights)
     if context.cache_budget is not None:
-        if abandoned := cache.clear_abandoned():
+        if abandoned := cache.clear_abandoned(keep_resumable=True):
             log.info(f"node cache: removed {left_by_stops(abandoned)}")
         removed = cache.evict(context.cache_budget)
         if removed:
@@ -463,7 +463,11 @@ class WeightsStager:
         def download(target: Path) -> None:
             with progress.fetching(target, item.info.size):
                 plan.store.download(
-                    item.info.key, target, item.info, self.outage.attempts(f"weights[{plan.index}]")
+                    item.info.key,
+                    target,
+                    item.info,
+                    self.outage.attempts(f"weights[{plan.index}]"),
+                    resumable=True,
                 )
 
         if self.cluster is None:

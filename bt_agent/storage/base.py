@@ -25,6 +25,10 @@ from bt_agent.storage.keys import check_key, join_key
 from bt_agent.storage.retry import DEFAULT_POLICY, Attempt, RetryPolicy, once, retry
 
 CHUNK = 1024 * 1024
+#: How the name of a partial file that a later process may take up ends (:func:`resumable_path`).
+RESUMABLE = ".resumable.incomplete"
+#: ... and that of its record of what is written (:func:`ranges_record`).
+RANGES_RECORD = ".ranges"
 _partials = itertools.count()  # names this process's partial files apart (with its pid)
 U = TypeVar("U", bound="Upload")
 S = TypeVar("S", bound="ObjectStore")
@@ -94,6 +98,28 @@ def partial_path(destination: Path) -> Path:
 def partial_prefix(destination: Path) -> str:
     """How the names of this process's partial files of ``destination`` begin."""
     return f".{destination.name}.{os.getpid()}."
+
+
+def resumable_path(destination: Path) -> Path:
+    """The partial file of ``destination`` that a later process may take up, where the caller
+    alone writes ``destination`` (a node cache entry, under its lock)."""
+    return destination.with_name(f".{destination.name}{RESUMABLE}")
+
+
+def is_resumable(partial: Path) -> bool:
+    """Whether ``partial`` is a partial file that a later process may take up."""
+    return partial.name.endswith(RESUMABLE)
+
+
+def ranges_record(partial: Path) -> Path:
+    """Where a download in ranges into ``partial`` records what of it is written."""
+    return partial.with_name(f"{partial.name}{RANGES_RECORD}")
+
+
+def _remove_partial(partial: Path) -> None:
+    """``partial`` and its record of ranges, where there are."""
+    partial.unlink(missing_ok=True)
+    ranges_record(partial).unlink(missing_ok=True)
 
 
 def files_only(found: Iterable[ObjectInfo]) -> list[ObjectInfo]:
@@ -345,16 +371,22 @@ class ObjectStore(ABC):
         destination: Path,
         expected: ObjectInfo | None = None,
         attempt: Attempt = once,
+        resumable: bool = False,
     ) -> Path:
         """Fetch ``key`` to ``destination`` atomically: a unique ``*.incomplete`` file beside it,
         verified (size always; sha256 when known), then renamed into place. The store's own
         retries are made through ``attempt`` (which may make them again, as an outage is
         waited out) into the same partial file, so each attempt fetches only what the ones
-        before did not bring whole where the backend can tell."""
+        before did not bring whole where the backend can tell.
+
+        ``resumable``, where the caller alone writes ``destination``: the partial file has a
+        name of its own (:func:`resumable_path`), and one that a download stopped or failed
+        in ranges leaves, with its record of what is written, is taken up by the next download
+        of the same object at the same version, in this process or another."""
         check_key(key)
         if not destination.parent.is_dir():
             destination.parent.mkdir(parents=True, exist_ok=True)
-        partial = partial_path(destination)
+        partial = resumable_path(destination) if resumable else partial_path(destination)
         try:
             if expected is not None and expected.size == 0:  # listed empty: nothing to fetch
                 partial.touch()
@@ -363,11 +395,15 @@ class ObjectStore(ABC):
                 fetched = attempt(
                     lambda: retry(lambda: self._download(key, partial, expected), self.policy)
                 )
+        except BaseException:
+            if not (resumable and ranges_record(partial).exists()):
+                _remove_partial(partial)
+            raise
+        try:
             self._verify(key, partial, expected, fetched)
             os.replace(partial, destination)
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
+        finally:
+            _remove_partial(partial)
         return destination
 
     def _verify(self, key: str, path: Path, expected: ObjectInfo | None, fetched: Fetched) -> None:

@@ -60,6 +60,7 @@ from bt_agent.storage.flight import (
     wait_all,
 )
 from bt_agent.storage.keys import join_key, relative_key
+from bt_agent.storage.ranges import Ranged
 
 if TYPE_CHECKING:
     import asyncio
@@ -185,16 +186,6 @@ class Proxies:
         return self.http if endpoint and endpoint.startswith("http://") else self.https
 
 
-@dataclass(frozen=True)
-class _Ranged:
-    """An object (``info``) coming down in ranges into ``target``: the starts of those already
-    whole in ``landed`` (filled as they end, from the range threads or the event loop)."""
-
-    info: ObjectInfo
-    target: Path
-    landed: set[int]
-
-
 class EngineStore(ObjectStore):
     """A store whose requests obstore makes. ``endpoint_url`` and ``ca_variable`` name, in
     errors, where requests go and how to trust its certificate."""
@@ -226,7 +217,7 @@ class EngineStore(ObjectStore):
         self._loop: DaemonLoop | None = None  # ranged downloads
         self._multipart = threading.BoundedSemaphore(self.tuning.multipart_uploads)
         self._tls_only: bool | None = None  # whether the http:// endpoint takes TLS only
-        self._landed: dict[Path, _Ranged] = {}  # by partial file: ranges whole, for a retry
+        self._ranged_now: dict[Path, Ranged] = {}  # by partial file: what is written, for a retry
 
     @abstractmethod
     def _make_engine(self) -> Any:
@@ -608,44 +599,43 @@ class EngineStore(ObjectStore):
         (no request of the engine may still be out when the caller goes on, or the interpreter
         ends). Each range writes through a descriptor of its own, closed as it ends: one the
         caller stopped waiting for (a second Ctrl-C) writes nowhere else. A retry of the same
-        download (the same partial file, the object at the same version) fetches only the
-        ranges the attempts before did not bring whole."""
-        size = info.size
-        part = self.tuning.part_size_for(size, self.tuning.part_size)
+        download (the same partial file, the object at the same version), in this process or,
+        by the record beside the partial file (:mod:`ranges`), in another, fetches only the
+        bytes the attempts before did not write."""
         job = self._ranged(target, info)
-        if not job.landed:
+        if not job.begun:
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                os.ftruncate(fd, size)
+                os.ftruncate(fd, info.size)
             finally:
                 os.close(fd)
-        ranges = [
-            (start, min(part, size - start))
-            for start in range(0, size, part)
-            if start not in job.landed
-        ]
-        if self.plain_http:
-            self._ranges_on_threads(job, ranges)
-        else:
-            self._ranges_on_loop(job, ranges)
+        try:
+            if self.plain_http:
+                self._ranges_on_threads(job)
+            else:
+                self._ranges_on_loop(job)
+        except BaseException:
+            job.save()
+            raise
         with self._lock:
-            self._landed.pop(target, None)
+            self._ranged_now.pop(target, None)
         return Fetched(info.sha256, None, info.version)
 
-    def _ranged(self, target: Path, info: ObjectInfo) -> _Ranged:
-        """The download of ``info`` into ``target``, with the ranges an earlier attempt at it
-        brought whole (the object at the same version and size), to be kept: none for a
-        first attempt, or where the object has no version to ask each range for. What was
-        kept for partial files now gone (their downloads ended) is let go here."""
+    def _ranged(self, target: Path, info: ObjectInfo) -> Ranged:
+        """The download of ``info`` into ``target``, with what an earlier attempt at it wrote
+        (the object at the same version and size), to be kept: in this process, or as the
+        record beside ``target`` says. What was kept for partial files now gone (their downloads
+        ended) is let go here."""
+        part = self.tuning.part_size_for(info.size, self.tuning.part_size)
         with self._lock:
-            for gone in [path for path in self._landed if not path.exists()]:
-                del self._landed[gone]
-            earlier = self._landed.get(target)
+            for gone in [path for path in self._ranged_now if not path.exists()]:
+                del self._ranged_now[gone]
+            earlier = self._ranged_now.get(target)
             if earlier is None or earlier.info != info or not info.version:
-                earlier = self._landed[target] = _Ranged(info, target, set())
+                earlier = self._ranged_now[target] = Ranged.taken_up(target, info, part)
             return earlier
 
-    def _ranges_on_threads(self, job: _Ranged, ranges: list[tuple[int, int]]) -> None:
+    def _ranges_on_threads(self, job: Ranged) -> None:
         """Over plain HTTP the connection hands over large pieces, so threads waiting on the
         engine's sync face are woken seldom, and cost less than an event loop's one thread
         writing every piece. The pool is asked for each download: a store closed meanwhile
@@ -653,63 +643,68 @@ class EngineStore(ObjectStore):
         pool = self._pool("bt-ranges", self.tuning.ranges)
         stop = threading.Event()
         fetch = partial(self._fetch_range, job, stop)
-        wait_all([pool.submit(partial(fetch, *at)) for at in ranges], stop.set)
+        wait_all([pool.submit(partial(fetch, *at)) for at in job.to_fetch()], stop.set)
 
-    def _fetch_range(self, job: _Ranged, stop: threading.Event, start: int, length: int) -> None:
-        """One range on a thread that waits on the engine's sync face for each piece; it ends
-        at the next piece once ``stop`` is set (another range failed, or the caller stopped)."""
+    def _fetch_range(
+        self, job: Ranged, stop: threading.Event, start: int, first: int, end: int
+    ) -> None:
+        """The range from ``start`` (``first`` up to ``end``) on a thread that waits on the
+        engine's sync face for each piece; it ends at the next piece once ``stop`` is set
+        (another range failed, or the caller stopped)."""
         import obstore
 
         if stop.is_set():
             return
-        options = _get_options(job.info.version, start, length)
+        options = _get_options(job.info.version, first, end - first)
         result = self._engine_call(
             job.info.key,
             lambda engine: obstore.get(engine, self._key(job.info.key), options=options),
         )
-        offset = start
+        offset = first
         with _range_writer(job.target) as fd:
             for piece in self._chunks(job.info.key, result):
                 if stop.is_set():
                     return
                 offset += _write_at(fd, memoryview(piece), offset)
-        self._landed_whole(job, start, length, offset)
+                job.wrote(start, offset)
+        self._whole(job, first, end, offset)
 
-    def _ranges_on_loop(self, job: _Ranged, ranges: list[tuple[int, int]]) -> None:
+    def _ranges_on_loop(self, job: Ranged) -> None:
         """Over TLS the connection hands over each record (16 KiB): a thread waiting on the
         sync face would be woken for every one. On the store's event loop the engine joins
         them into pieces on its own threads; the loop's thread is woken once a piece."""
         engine = self.engine
         loop = self._event_loop()
-        loop.run(lambda: self._fetch_ranges(engine, job, ranges, loop.room))
+        loop.run(lambda: self._fetch_ranges(engine, job, loop.room))
 
-    async def _fetch_ranges(
-        self, engine: Any, job: _Ranged, ranges: list[tuple[int, int]], room: asyncio.Semaphore
-    ) -> None:
-        """``ranges`` of ``job``, as many at once as ``room`` lets the store's downloads have;
-        at the first failure the others are cancelled, and its error raised once all have
-        ended."""
+    async def _fetch_ranges(self, engine: Any, job: Ranged, room: asyncio.Semaphore) -> None:
+        """The ranges ``job`` lacks, as many at once as ``room`` lets the store's downloads
+        have; at the first failure the others are cancelled, and its error raised once all
+        have ended."""
 
-        async def one(start: int, length: int) -> None:
+        async def one(start: int, first: int, end: int) -> None:
             async with room:
-                await self._fetch_range_async(engine, job, start, length)
+                await self._fetch_range_async(engine, job, start, first, end)
 
-        await in_task_group([one(start, length) for start, length in ranges])
+        await in_task_group([one(*at) for at in job.to_fetch()])
 
-    async def _fetch_range_async(self, engine: Any, job: _Ranged, start: int, length: int) -> None:
+    async def _fetch_range_async(
+        self, engine: Any, job: Ranged, start: int, first: int, end: int
+    ) -> None:
         """One range on the event loop, the engine reading its body on its own threads."""
         import obstore
 
-        options = _get_options(job.info.version, start, length)
+        options = _get_options(job.info.version, first, end - first)
         try:
             result = await obstore.get_async(engine, self._key(job.info.key), options=options)
         except Exception as exc:
             raise self._error(exc, job.info.key) from None
-        offset = start
+        offset = first
         with _range_writer(job.target) as fd:
             async for piece in self._chunks_async(job.info.key, result):
                 offset += _write_at(fd, memoryview(piece), offset)
-        self._landed_whole(job, start, length, offset)
+                job.wrote(start, offset)
+        self._whole(job, first, end, offset)
 
     async def _chunks_async(self, key: str, result: Any) -> AsyncIterator[Any]:
         """:meth:`_chunks` on the event loop."""
@@ -723,13 +718,12 @@ class EngineStore(ObjectStore):
                 raise self._error(exc, key) from None
             yield piece
 
-    def _landed_whole(self, job: _Ranged, start: int, length: int, end: int) -> None:
-        """A range written from ``start`` up to ``end``, kept as whole where that was all of its
-        ``length`` bytes."""
-        if end - start != length:
+    def _whole(self, job: Ranged, first: int, end: int, reached: int) -> None:
+        """A range asked from ``first`` up to ``end`` and written up to ``reached``: a short
+        read where that is not all of it."""
+        if reached != end:
             uri = self.uri(job.info.key)
-            raise TransientStoreError(f"{uri}: short read at {start}", uri)
-        job.landed.add(start)
+            raise TransientStoreError(f"{uri}: short read at {first}", uri)
 
     def _upload(self, path: Path, key: str) -> str:
         """Below the part size, one PUT with the sha256 as metadata; above, a multipart upload
