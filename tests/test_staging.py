@@ -802,6 +802,8 @@ def test_a_stop_ends_staging_at_once_mid_file_and_the_next_staging_goes_on_from_
         slow.close()
         counted.close()
     assert staged.code == 0, staged.text
+    plan = f"1 to fetch (33.6 MB, {written / 1e6:.1f} MB of it written by a staging that stopped)"
+    assert plan in staged.err, staged.err
     assert (agent.node_root / "d" / "model.bin").read_bytes() == bytes(range(256)) * (size // 256)
     assert counted.passed < size - written + 1024 * 1024, f"{counted.passed} bytes came again"
     assert not list(objects.glob("*/.*")), "nothing partial is left"
@@ -819,6 +821,13 @@ def test_progress_lines_say_bytes_rate_and_eta() -> None:
     progress.add(40_000_000)
     now[0] += 4
     assert progress.line() == "weights[0]: 40.0 of 100.0 MB (40%), 10.0 MB/s, ETA 6 s"
+    # 20 MB of it written before (a stopped staging's): done, but not fetched at that rate
+    resumed = Progress(
+        "weights[0]", 100_000_000, AgentLog(buffer), None, clock=lambda: now[0], written=20_000_000
+    )
+    resumed.add(40_000_000)
+    now[0] += 4
+    assert resumed.line() == "weights[0]: 40.0 of 100.0 MB (40%), 5.0 MB/s, ETA 12 s"
     with Progress("weights[1]", 100, AgentLog(buffer), None, interval=0.01) as reporting:
         reporting.add(50)
         wait_for(lambda: "weights[1]: " in buffer.getvalue(), 10, "a progress line")

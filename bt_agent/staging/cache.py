@@ -178,6 +178,16 @@ class NodeCache:
         """Whether the entry is there as it was placed: ``size`` bytes, sealed."""
         return self._sealed(self._where(entry), size) is not None
 
+    def written(self, entry: str) -> int:
+        """What a stopped fill of the entry wrote that its next fill goes on from (bytes of
+        its partial file kept for that, :meth:`_resumable`); 0 where there is none."""
+        partial = resumable_path(self.path(entry))
+        try:
+            blocks = partial.stat().st_blocks
+        except OSError:
+            return 0
+        return blocks * 512 if self._resumable(partial) else 0
+
     @staticmethod
     def _sealed(path: str | Path, size: int) -> os.stat_result | None:
         """``path``'s status where it is a sealed file of ``size`` bytes, else None (absent, or

@@ -22,7 +22,8 @@ class Progress:
     """Counts bytes as they are added (:meth:`add`, from any thread) and, between ``with`` and
     its end, reports them every ``interval`` seconds; ``clock`` is what rates are timed by.
     Files being fetched (:meth:`fetching`) count by what their partial files hold, so that
-    one large file shows its progress as it comes, not only once it is whole."""
+    one large file shows its progress as it comes, not only once it is whole; ``written`` of
+    them was there before (a stopped staging's), and counts as done but not in the rate."""
 
     def __init__(
         self,
@@ -32,9 +33,11 @@ class Progress:
         stream: TextIO | None = None,
         interval: float = INTERVAL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        written: int = 0,
     ) -> None:
         self.what = what
         self.total = total
+        self.written = written
         self.log = log
         self.stream = stream
         self.interval = interval
@@ -85,7 +88,7 @@ class Progress:
             under_way = list(self._fetching.values())
         done = self.done + sum(_written(path, size) for path, size in under_way)
         elapsed = max(self.clock() - self._started, 1e-6)
-        rate = done / elapsed
+        rate = max(done - self.written, 0) / elapsed
         left = (self.total - done) / rate if rate > 0 else float("inf")
         eta = f"{left:,.0f} s" if left != float("inf") else "?"
         percent = 100 * done / self.total if self.total else 100.0

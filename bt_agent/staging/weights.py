@@ -331,10 +331,13 @@ class WeightsStager:
             self.log.warning(_shallow(plan))
         misses = [f for f in plan.files if not self.cache.has(f.entry, f.info.size)]
         held = f"{counted(len(plan.files), 'file')}, {format_bytes(plan.size)}"
+        fetch = format_bytes(sum(f.info.size for f in misses))
+        if written := sum(self.cache.written(f.entry) for f in misses):
+            fetch += f", {format_bytes(written)} of it written by a staging that stopped"
         self.log.info(
             f"weights[{plan.index}] {plan.pinned}: {held}; "
             f"{len(plan.files) - len(misses)} in the node cache, {len(misses)} to fetch "
-            f"({format_bytes(sum(f.info.size for f in misses))}) -> {plan.weights.mount_location}"
+            f"({fetch}) -> {plan.weights.mount_location}"
         )
         return misses
 
@@ -342,7 +345,9 @@ class WeightsStager:
         """Fill the node cache with ``misses`` (another agent may fill some meanwhile)."""
         if not misses:
             return
-        need = sum(f.info.size for f in misses)
+        size = sum(f.info.size for f in misses)
+        written = sum(self.cache.written(f.entry) for f in misses)
+        need = size - written  # blocks still to be taken on disk
         free = self._prepare(plan)
         if need > free:
             raise self._fail(
@@ -357,7 +362,9 @@ class WeightsStager:
         started = time.monotonic()
         tally = _Tally()
         try:
-            with Progress(f"weights[{plan.index}]", need, self.log, self.log.stream) as progress:
+            with Progress(
+                f"weights[{plan.index}]", size, self.log, self.log.stream, written=written
+            ) as progress:
                 rest = self._fetch_batch(plan, misses, progress, tally)
                 self._fetch_each(plan, rest, progress, tally)
         except InterruptedError:
@@ -367,7 +374,7 @@ class WeightsStager:
         seconds = max(time.monotonic() - started, 1e-6)
         self.log.info(
             f"weights[{plan.index}] fetched {tally.summary()} in {seconds:.1f} s "
-            f"({tally.size / seconds / 1e6:,.0f} MB/s)"
+            f"({max(tally.size - written, 0) / seconds / 1e6:,.0f} MB/s)"
         )
 
     def _prepare(self, plan: SourcePlan) -> int:
