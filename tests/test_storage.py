@@ -1391,3 +1391,46 @@ def test_a_file_stores_upload_stream_on_a_full_disk_leaves_no_temporary_file(
         failed = [key for key, outcome in told.items() if isinstance(outcome, Exception)]
         assert len(told) == 4 and failed, told
         assert not [p for p in root.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_a_record_of_ranges_is_taken_up_only_for_the_same_object_version_range_size_and_boot(
+    tmp_path: Path,
+) -> None:
+    """What a download in ranges wrote, as its record says, is taken up by a later download only
+    of the same key, version, size and range size, in the same boot, into a partial file of the
+    object's size; a partial file of a process's own (not one a later process may take up) gets
+    no record."""
+    import dataclasses
+
+    from bt_agent.storage.base import partial_path, ranges_record, resumable_path
+    from bt_agent.storage.ranges import Ranged
+
+    partial = resumable_path(tmp_path / "model.bin")
+    partial.write_bytes(bytes(4000))
+    info = ObjectInfo("model.bin", 4000, "v1")
+    job = Ranged(info, partial, 1024)
+    job.wrote(0, 1024)  # the first write is recorded at once
+    job.wrote(1024, 1536)
+    job.save()
+    taken = Ranged.taken_up(partial, info, 1024)
+    assert taken.begun and taken.written == {0: 1024, 1024: 512}
+    assert taken.to_fetch() == [(1024, 1536, 2048), (2048, 2048, 3072), (3072, 3072, 4000)]
+    others = [
+        dataclasses.replace(info, version="v2"),
+        dataclasses.replace(info, version=None),
+        dataclasses.replace(info, key="other.bin"),
+        dataclasses.replace(info, size=5000),
+    ]
+    for other in others:
+        assert Ranged.taken_up(partial, other, 1024).written == {}, other
+    assert Ranged.taken_up(partial, info, 2048).written == {}, "another range size"
+    record = ranges_record(partial)
+    state = json.loads(record.read_text())
+    record.write_text(json.dumps({**state, "boot": "an earlier boot"}))
+    assert Ranged.taken_up(partial, info, 1024).written == {}, "another boot"
+    record.write_text(json.dumps(state))
+    partial.write_bytes(bytes(10))
+    assert Ranged.taken_up(partial, info, 1024).written == {}, "a partial file of another size"
+    own = partial_path(tmp_path / "model.bin")
+    Ranged(info, own, 1024, {0: 1024}).save()
+    assert not ranges_record(own).exists()

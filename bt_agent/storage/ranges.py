@@ -110,7 +110,11 @@ class Ranged:
             return fresh
         if not whole or same != (boot_id() or None, info.key, info.version, info.size, part):
             return fresh
-        fresh.written = {s: c for s, c in written.items() if 0 <= c <= part and s % part == 0}
+        fresh.written = {
+            start: count
+            for start, count in written.items()
+            if start % part == 0 and 0 <= count <= min(part, info.size - start)
+        }
         return fresh
 
 
