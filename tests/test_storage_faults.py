@@ -249,6 +249,58 @@ def test_a_download_killed_mid_way_is_taken_up_by_the_next_process(
     assert [path.name for path in out.parent.iterdir()] == ["model.bin"], "nothing partial is left"
 
 
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+def test_a_halted_store_ends_its_downloads_at_once_and_keeps_what_they_wrote(
+    own_s3: servers.SeaweedFS, tmp_path: Path, tls: bool
+) -> None:
+    """``halt()``, as a stopping process calls it: a large download under way through a slow
+    link ends at once with :class:`InterruptedError` (its requests ended: nothing more comes
+    through the link), the partial file and its record kept for a later process, and no
+    download starts after it."""
+    from far_link import FarLink
+
+    from bt_agent.storage.base import ranges_record, resumable_path
+
+    near = _store(own_s3, RetryPolicy(), tls)
+    near.upload_file(_big_file(tmp_path, 40 * MiB), "model.bin")
+    far = FarLink(own_s3.https_port if tls else own_s3.port, 0.0, 4e6)
+    endpoint = f"https://localhost:{far.port}" if tls else far.endpoint
+    store = _store(own_s3, RetryPolicy(), tls, bucket=near.url.split("/")[2], endpoint=endpoint)
+    out = tmp_path / "out" / "model.bin"
+    info = store.stat("model.bin")
+    outcome: list[str] = []  # not the error: its traceback would hold what it ended
+
+    def download() -> None:
+        try:
+            store.download("model.bin", out, info, resumable=True)
+        except BaseException as exc:
+            outcome.append(type(exc).__name__)
+
+    fetching = threading.Thread(target=download)
+    try:
+        fetching.start()
+        deadline = time.monotonic() + 30
+        while far.passed < 4 * MiB:
+            assert time.monotonic() < deadline and fetching.is_alive(), outcome
+            time.sleep(0.01)
+        halted = time.monotonic()
+        store.halt()
+        fetching.join(timeout=10)
+        ended = time.monotonic() - halted
+        passed = far.passed
+        time.sleep(1.0)
+        after = far.passed - passed
+    finally:
+        far.close()
+    assert not fetching.is_alive() and ended < 1.0, f"{ended:.2f} s"
+    assert outcome == ["InterruptedError"], outcome
+    assert after < MiB, f"{after} bytes came after the halt"
+    partial = resumable_path(out)
+    assert partial.exists() and ranges_record(partial).exists()
+    with pytest.raises(InterruptedError):
+        store.download("model.bin", out, info, resumable=True)
+
+
 def test_store_back_within_the_retries_completes_the_upload(
     own_s3: servers.SeaweedFS, tmp_path: Path
 ) -> None:

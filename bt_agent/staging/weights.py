@@ -406,7 +406,7 @@ class WeightsStager:
             tally.fetched(item, hit)
             progress.add(size)
 
-        each(one, items, FETCH_WORKERS, "bt-stage", self.stopping)
+        each(one, items, FETCH_WORKERS, "bt-stage", self.stopping, plan.store.halt)
 
     def _fetch_batch(
         self, plan: SourcePlan, misses: list[PlannedFile], progress: Progress, tally: _Tally

@@ -3,8 +3,9 @@
 A backend implements listing, stat, ranged reads, whole-object download into a given file and,
 when writable, upload, small writes and delete; it turns its SDK's errors into the typed errors
 of :mod:`bt_agent.errors` at that boundary. This class adds retries, atomic placement (a
-process-unique ``*.incomplete`` file beside the destination, renamed into place), size and
-checksum verification, and key safety.
+process-unique ``*.incomplete`` file beside the destination, or one of the destination's own that
+a later process may take up, renamed into place), size and checksum verification, and key
+safety.
 """
 
 from __future__ import annotations
@@ -319,6 +320,12 @@ class ObjectStore(ABC):
 
     def close(self) -> None:  # noqa: B027 (most backends hold nothing to let go of)
         """Let go of connections and threads; the store is not used after."""
+
+    def halt(self) -> None:  # noqa: B027 (most backends' transfers end with their call)
+        """For a process that is stopping: the downloads in ranges under way end at their next
+        piece (:class:`InterruptedError`, their partial files left as a failure leaves them),
+        and none starts after, so that no request of the engine is out when the process
+        ends (an interpreter that ends with one there may crash on the way out)."""
 
     def __enter__(self: S) -> S:
         return self

@@ -21,7 +21,7 @@ import re
 import threading
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -218,6 +218,7 @@ class EngineStore(ObjectStore):
         self._multipart = threading.BoundedSemaphore(self.tuning.multipart_uploads)
         self._tls_only: bool | None = None  # whether the http:// endpoint takes TLS only
         self._ranged_now: dict[Path, Ranged] = {}  # by partial file: what is written, for a retry
+        self._halted = threading.Event()  # the process is stopping: ranges end (halt)
 
     @abstractmethod
     def _make_engine(self) -> Any:
@@ -319,6 +320,16 @@ class EngineStore(ObjectStore):
             if self._loop is not None:
                 self._loop.shutdown()
                 self._loop = None
+
+    def halt(self) -> None:
+        with self._lock:
+            self._halted.set()
+            if self._loop is not None:
+                self._loop.cancel()
+
+    def _check_halted(self, key: str) -> None:
+        if self._halted.is_set():
+            raise InterruptedError(f"{self.uri(key)}: the download was stopped")
 
     def engine_threads(self) -> list[int]:
         """The engine's runtime (tokio's threads: one runtime per process, shared by every
@@ -579,16 +590,21 @@ class EngineStore(ObjectStore):
 
     def _chunks(self, key: str, result: Any) -> Iterator[Any]:
         """The body of a GET in the pieces the engine joins (``Tuning.piece``), the engine's
-        errors typed (the caller's own, writing them, pass as they are)."""
+        errors typed (the caller's own, writing them, pass as they are). The answer is let go
+        of as it ends, however it ends (:meth:`_body_async`)."""
         stream = iter(result.stream(min_chunk_size=self.tuning.piece))
-        while True:
-            try:
-                chunk = next(stream)
-            except StopIteration:
-                return
-            except Exception as exc:
-                raise self._error(exc, key) from None
-            yield chunk
+        del result
+        try:
+            while True:
+                try:
+                    chunk = next(stream)
+                except StopIteration:
+                    return
+                except Exception as exc:
+                    raise self._error(exc, key) from None
+                yield chunk
+        finally:
+            del stream
 
     def _download_ranges(self, target: Path, info: ObjectInfo) -> Fetched:
         """Ranges in parallel (:class:`Tuning`), each asked of the version ``info`` names
@@ -602,6 +618,7 @@ class EngineStore(ObjectStore):
         download (the same partial file, the object at the same version), in this process or,
         by the record beside the partial file (:mod:`ranges`), in another, fetches only the
         bytes the attempts before did not write."""
+        self._check_halted(info.key)
         job = self._ranged(target, info)
         if not job.begun:
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -655,16 +672,15 @@ class EngineStore(ObjectStore):
 
         if stop.is_set():
             return
+        self._check_halted(job.info.key)
         options = _get_options(job.info.version, first, end - first)
-        result = self._engine_call(
-            job.info.key,
-            lambda engine: obstore.get(engine, self._key(job.info.key), options=options),
-        )
+        get = partial(obstore.get, path=self._key(job.info.key), options=options)
         offset = first
         with _range_writer(job.target) as fd:
-            for piece in self._chunks(job.info.key, result):
+            for piece in self._chunks(job.info.key, self._engine_call(job.info.key, get)):
                 if stop.is_set():
                     return
+                self._check_halted(job.info.key)
                 offset += _write_at(fd, memoryview(piece), offset)
                 job.wrote(start, offset)
         self._whole(job, first, end, offset)
@@ -675,7 +691,11 @@ class EngineStore(ObjectStore):
         them into pieces on its own threads; the loop's thread is woken once a piece."""
         engine = self.engine
         loop = self._event_loop()
-        loop.run(lambda: self._fetch_ranges(engine, job, loop.room))
+        try:
+            loop.run(lambda: self._fetch_ranges(engine, job, loop.room))
+        except CancelledError:  # by halt
+            self._check_halted(job.info.key)
+            raise
 
     async def _fetch_ranges(self, engine: Any, job: Ranged, room: asyncio.Semaphore) -> None:
         """The ranges ``job`` lacks, as many at once as ``room`` lets the store's downloads
@@ -692,31 +712,38 @@ class EngineStore(ObjectStore):
         self, engine: Any, job: Ranged, start: int, first: int, end: int
     ) -> None:
         """One range on the event loop, the engine reading its body on its own threads."""
-        import obstore
-
         options = _get_options(job.info.version, first, end - first)
-        try:
-            result = await obstore.get_async(engine, self._key(job.info.key), options=options)
-        except Exception as exc:
-            raise self._error(exc, job.info.key) from None
         offset = first
         with _range_writer(job.target) as fd:
-            async for piece in self._chunks_async(job.info.key, result):
+            async for piece in self._body_async(engine, job.info.key, options):
+                self._check_halted(job.info.key)
                 offset += _write_at(fd, memoryview(piece), offset)
                 job.wrote(start, offset)
         self._whole(job, first, end, offset)
 
-    async def _chunks_async(self, key: str, result: Any) -> AsyncIterator[Any]:
-        """:meth:`_chunks` on the event loop."""
+    async def _body_async(self, engine: Any, key: str, options: GetOptions) -> AsyncIterator[Any]:
+        """:meth:`_chunks` of a GET made on the event loop. Its answer is let go of as it ends,
+        however it ends: a traceback that outlives it (a stop's, a failure's) keeps no
+        connection open, nor the engine's reads on it."""
+        import obstore
+
+        try:
+            result = await obstore.get_async(engine, self._key(key), options=options)
+        except Exception as exc:
+            raise self._error(exc, key) from None
         pieces = result.stream(min_chunk_size=self.tuning.piece).__aiter__()
-        while True:
-            try:
-                piece = await pieces.__anext__()
-            except StopAsyncIteration:
-                return
-            except Exception as exc:
-                raise self._error(exc, key) from None
-            yield piece
+        del result
+        try:
+            while True:
+                try:
+                    piece = await pieces.__anext__()
+                except StopAsyncIteration:
+                    return
+                except Exception as exc:
+                    raise self._error(exc, key) from None
+                yield piece
+        finally:
+            del pieces
 
     def _whole(self, job: Ranged, first: int, end: int, reached: int) -> None:
         """A range asked from ``first`` up to ``end`` and written up to ``reached``: a short

@@ -277,6 +277,16 @@ class DaemonLoop:
                 wait_for([ended])
             raise
 
+    def cancel(self) -> None:
+        """Every task on the loop cancelled (each caller's :meth:`run` raises then)."""
+        self._loop.call_soon_threadsafe(self._cancel_all)
+
+    def _cancel_all(self) -> None:
+        import asyncio
+
+        for task in asyncio.all_tasks(self._loop):
+            task.cancel()
+
     def shutdown(self) -> None:
         """The loop stops once no task is left on it."""
         with self._lock:

@@ -30,6 +30,8 @@ DEFAULT_WORKERS = 16
 FETCH_WORKERS = 8
 #: How often a wait for the calls under way looks whether a stop was requested.
 STOP_POLL_SECONDS = 0.1
+#: The longest a stop waits for the calls under way to end once halted (:func:`each`).
+HALT_SECONDS = 2.0
 #: Holds while a file is fetched to a path, of a size (a progress report's).
 UnderWay = Callable[[Path, int], AbstractContextManager[object]]
 
@@ -40,14 +42,17 @@ def each(
     workers: int,
     name: str,
     stopping: Callable[[], bool] = lambda: False,
+    halt: Callable[[], None] = lambda: None,
 ) -> None:
     """``call`` on every one of ``items``, ``workers`` at once on threads called ``name``.
     After a failure no call starts; the first error is raised once the calls under way have
     ended (none is left writing a file the caller goes on to remove). A stop requested
-    (``stopping()``) is raised at once (:class:`InterruptedError`): no call starts after it,
-    and those under way are left to end on their own or with the process (their threads are
-    daemons), each leaving at most its partial file (``*.incomplete``), never one in place. A
-    large file through a slow link must not hold a stopped agent past its grace period."""
+    (``stopping()``) is raised soon (:class:`InterruptedError`): no call starts after it,
+    ``halt()`` makes those under way end (a store's downloads, at their next piece: no
+    request of the engine may be out when the process ends), and they are waited for up to
+    :data:`HALT_SECONDS`, each leaving at most its partial file (``*.incomplete``), never one
+    in place. A large file through a slow link must not hold a stopped agent past its grace
+    period."""
     if not items:
         return
     pool = DaemonPool(min(workers, len(items)), name)
@@ -58,6 +63,8 @@ def each(
         if pending and stopping():  # all done: the caller's next look sees the stop
             for future in futures:
                 future.cancel()
+            halt()
+            wait(futures, HALT_SECONDS)
             raise InterruptedError("stop requested")
         if not pending or any(f.exception() for f in done if not f.cancelled()):
             break
@@ -165,4 +172,4 @@ def download_all(
 
     if batched:
         store.download_batch(taken(), placed)
-    each(one, rest + list(small), workers, "bt-download", stopping)
+    each(one, rest + list(small), workers, "bt-download", stopping, store.halt)
