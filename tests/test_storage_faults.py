@@ -301,6 +301,27 @@ def test_a_halted_store_ends_its_downloads_at_once_and_keeps_what_they_wrote(
         store.download("model.bin", out, info, resumable=True)
 
 
+def test_a_checkpoint_source_halts_the_store_it_reads(
+    own_s3: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    """A committed checkpoint staged as weights (``bt://``) reads through the job's store: a
+    stop halts that store's downloads too."""
+    from bt_agent.records import Manifest, ManifestFile
+    from bt_agent.staging.trained import CheckpointSource
+
+    store = _store(own_s3, RetryPolicy())
+    manifest = Manifest(
+        "job1", "p", 0, "checkpoint-1", "", "", [ManifestFile("a.bin", 6 * MiB, "")]
+    )
+    source = CheckpointSource(store, manifest)
+    store.upload_file(_big_file(tmp_path, 6 * MiB), f"{source.prefix}/a.bin")
+    source.halt()
+    with pytest.raises(InterruptedError, match="stopped"):
+        store.download(
+            f"{source.prefix}/a.bin", tmp_path / "a.bin", store.stat(f"{source.prefix}/a.bin")
+        )
+
+
 def test_store_back_within_the_retries_completes_the_upload(
     own_s3: servers.SeaweedFS, tmp_path: Path
 ) -> None:

@@ -120,6 +120,9 @@ class CheckpointSource(ObjectStore):
     def close(self) -> None:
         self.store.close()
 
+    def halt(self) -> None:
+        self.store.halt()
+
 
 def open_checkpoint_source(
     url: str, store: ObjectStore, current_job: str | None
