@@ -29,7 +29,7 @@ from bt_agent.settings import Environ, parse_size
 from bt_agent.spec.models import WeightsSource
 from bt_agent.staging.cache import NodeCache, entry_id
 from bt_agent.staging.patterns import selected
-from bt_agent.staging.weights import PlannedFile, SourcePlan, WeightsStager, plan_source
+from bt_agent.staging.weights import SourcePlan, WeightsStager, plan_source
 from bt_agent.storage import open_store
 from bt_agent.storage.base import Fetched, ObjectInfo, ObjectStore
 
@@ -1174,7 +1174,7 @@ class _ReplacedAfterThePlan(WeightsStager):
         super().__init__(*args)
         self.replace = replace
 
-    def _say_plan(self, plan: SourcePlan) -> list[PlannedFile]:
+    def _say_plan(self, plan: SourcePlan) -> Any:
         misses = super()._say_plan(plan)
         self.replace()
         return misses

@@ -55,6 +55,16 @@ class PlannedFile:
     entry: str  # node cache entry id: what the content is, not where it is mounted
 
 
+@dataclass(frozen=True)
+class _Misses:
+    """What the node cache lacks of a source: the files, their bytes, and how many of those a
+    stopped staging wrote (its partial files, which their fills take up)."""
+
+    files: list[PlannedFile]
+    size: int
+    written: int
+
+
 @dataclass
 class _Tally:
     """What one source's fetch did, counted from every fetching thread."""
@@ -325,28 +335,32 @@ class WeightsStager:
         folder.close()
         return None
 
-    def _say_plan(self, plan: SourcePlan) -> list[PlannedFile]:
+    def _say_plan(self, plan: SourcePlan) -> _Misses:
         """Log what the plan holds and what the node cache lacks; return the latter."""
         if plan.shallow:
             self.log.warning(_shallow(plan))
-        misses = [f for f in plan.files if not self.cache.has(f.entry, f.info.size)]
+        files = [f for f in plan.files if not self.cache.has(f.entry, f.info.size)]
+        misses = _Misses(
+            files,
+            sum(f.info.size for f in files),
+            sum(self.cache.written(f.entry) for f in files),
+        )
         held = f"{counted(len(plan.files), 'file')}, {format_bytes(plan.size)}"
-        fetch = format_bytes(sum(f.info.size for f in misses))
-        if written := sum(self.cache.written(f.entry) for f in misses):
-            fetch += f", {format_bytes(written)} of it written by a staging that stopped"
+        fetch = format_bytes(misses.size)
+        if misses.written:
+            fetch += f", {format_bytes(misses.written)} of it written by a staging that stopped"
         self.log.info(
             f"weights[{plan.index}] {plan.pinned}: {held}; "
-            f"{len(plan.files) - len(misses)} in the node cache, {len(misses)} to fetch "
+            f"{len(plan.files) - len(files)} in the node cache, {len(files)} to fetch "
             f"({fetch}) -> {plan.weights.mount_location}"
         )
         return misses
 
-    def _fetch(self, plan: SourcePlan, misses: list[PlannedFile]) -> None:
+    def _fetch(self, plan: SourcePlan, misses: _Misses) -> None:
         """Fill the node cache with ``misses`` (another agent may fill some meanwhile)."""
-        if not misses:
+        if not misses.files:
             return
-        size = sum(f.info.size for f in misses)
-        written = sum(self.cache.written(f.entry) for f in misses)
+        size, written = misses.size, misses.written
         need = size - written  # blocks still to be taken on disk
         free = self._prepare(plan)
         if need > free:
@@ -365,7 +379,7 @@ class WeightsStager:
             with Progress(
                 f"weights[{plan.index}]", size, self.log, self.log.stream, written=written
             ) as progress:
-                rest = self._fetch_batch(plan, misses, progress, tally)
+                rest = self._fetch_batch(plan, misses.files, progress, tally)
                 self._fetch_each(plan, rest, progress, tally)
         except InterruptedError:
             raise
