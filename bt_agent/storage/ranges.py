@@ -34,7 +34,7 @@ def boot_id() -> str:
         return ""
 
 
-@dataclass
+@dataclass(eq=False)
 class Ranged:
     """``info`` coming down in ranges of ``part`` bytes into ``target``: ``written`` maps the
     start of each range begun to the bytes written from it (filled from the range threads or
