@@ -99,7 +99,7 @@ class Ranged:
         this boot, the same object at the same version, and ranges of ``part`` bytes; else a
         download from the first byte."""
         fresh = cls(info, target, part)
-        if not info.version:
+        if not info.version or not is_resumable(target):  # no record is kept of it
             return fresh
         try:
             state = json.loads(ranges_record(target).read_text())
