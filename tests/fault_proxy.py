@@ -59,13 +59,15 @@ class Listener:
 @dataclass
 class FaultProxy(Listener):
     """Listens on 127.0.0.1; the first ``slow_down`` requests are answered 503 SlowDown, and
-    the body of the first ``corrupt`` requests that carry one has a byte flipped; every request
+    the body of the first ``corrupt`` requests that carry one (after ``spare`` such requests
+    passed untouched) has a byte flipped; every request
     (or only those whose request line holds ``delay_only``) waits ``delay`` seconds before it
     is passed on, one after another where ``serial``."""
 
     upstream_port: int
     slow_down: int = 0
     corrupt: int = 0
+    spare: int = 0
     delay: float = 0.0
     delay_only: str = ""
     requests: int = 0  # requests seen
@@ -77,6 +79,7 @@ class FaultProxy(Listener):
     most_waiting: int = 0  # the most held at once
     answered: int = 0  # requests answered 503 by the proxy itself
     corrupted: int = 0
+    bodies: int = 0  # requests with a body seen
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _turn: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -88,9 +91,11 @@ class FaultProxy(Listener):
             if what == "slow_down" and self.answered < self.slow_down:
                 self.answered += 1
                 return True
-            if what == "corrupt" and self.corrupted < self.corrupt:
-                self.corrupted += 1
-                return True
+            if what == "corrupt":
+                self.bodies += 1
+                if self.bodies > self.spare and self.corrupted < self.corrupt:
+                    self.corrupted += 1
+                    return True
             return False
 
     def _hold(self) -> None:

@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -594,6 +595,72 @@ def test_sigterm_during_the_drain_ends_within_the_grace_period(
     )
     assert record["status"] == "TRAINING_JOB_STOPPED"
     assert record["uploads"]["not_durable"] == ["checkpoint-1/model.bin"]
+
+
+def test_stops_with_uploads_in_flight_over_tls_end_with_the_stop_s_status(
+    agent: Agent, s3_server: servers.SeaweedFS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`bt-agent run` stopped (SIGTERM) while a checkpoint's files go up over https to a store
+    far away (20 ms a request piece) exits 143 every time, its grace period (3 s) ending with
+    multipart uploads out on the engine's threads: the node record says which files were not
+    durable, nothing is committed, and no multipart upload is left begun in the store (S3
+    keeps their parts out of sight, billed, until they are aborted; the engine aborts only
+    those that fail). A stop mid-download over TLS once crashed the agent on its way out
+    (`test_staging`); this guards the uploads' side. Three stops at points drawn at random
+    (seeded) after the checkpoint is written."""
+    import random
+
+    from far_link import FarLink
+
+    bucket = f"ck{uuid.uuid4().hex[:10]}"
+    s3_server.create_bucket(bucket)
+    far = FarLink(s3_server.https_port, 0.02, 20e6)
+    env = {
+        **FAST,
+        **s3_server.client_env(tls=True),
+        "AWS_ENDPOINT_URL": f"https://localhost:{far.port}",
+    }
+    url = f"s3://{bucket}/bt"
+    files = [f"checkpoint-1/part{i}.bin" for i in range(4)]
+    command = (
+        "mkdir -p $BT_CHECKPOINT_DIR/checkpoint-1 && for i in 0 1 2 3; do "
+        "head -c 32000000 /dev/urandom > $BT_CHECKPOINT_DIR/checkpoint-1/.part$i && "
+        "mv $BT_CHECKPOINT_DIR/checkpoint-1/.part$i $BT_CHECKPOINT_DIR/checkpoint-1/part$i.bin; "
+        "done && touch $BT_CHECKPOINT_DIR/../written && exec sleep 600"
+    )
+    draw = random.Random(29)
+    codes, records, left = [], [], []
+    client = s3_server.client()
+    for name, value in s3_server.client_env(tls=True).items():  # the test's own reads
+        monkeypatch.setenv(name, value)
+    store = open_store(url, Environ(env))
+    try:
+        for stop in range(3):
+            job_id = f"tlsstop{stop}"
+            written = agent.node_root / "mnt" / "written"
+            written.unlink(missing_ok=True)
+            process = agent.start(
+                ckpt_job(command), "--job-id", job_id, "--store", url, "--grace-period", "3",
+                env=env,
+            )  # fmt: skip
+            wait_for(written.exists, 60, "the checkpoint")
+            time.sleep(draw.uniform(0.1, 1.5))
+            process.send_signal(signal.SIGTERM)
+            codes.append(finish(process, 30, agent))
+            prefix = f"projects/default/jobs/{job_id}"
+            records.append(json.loads(store.read_bytes(f"{prefix}/nodes/rank-0.json")))
+            assert not store.list(f"{prefix}/manifests/"), "nothing is committed"
+            begun = client.list_multipart_uploads(Bucket=bucket, Prefix=f"bt/{prefix}/")
+            left.append([upload["Key"] for upload in begun.get("Uploads", [])])
+    finally:
+        far.close()
+    assert codes == [128 + signal.SIGTERM] * 3, (codes, agent.output()[-3000:])
+    assert [r["status"] for r in records] == ["TRAINING_JOB_STOPPED"] * 3
+    assert left == [[]] * 3, left
+    assert re.search(r"checkpoints: aborted \d+ multipart uploads? left unfinished", agent.output())
+    for record in records:
+        assert record["uploads"]["not_durable"], "the stop came with uploads in flight"
+        assert set(record["uploads"]["not_durable"]) <= set(files)
 
 
 def test_uploads_left_when_the_commands_end_are_said(

@@ -22,6 +22,7 @@ from bt_agent.storage import open_store
 from bt_agent.storage.base import Upload, Wanted
 from bt_agent.storage.engine import Tuning
 from bt_agent.storage.flight import Pace
+from bt_agent.storage.keys import join_key, relative_key
 from bt_agent.storage.retry import OutageWait, RetryPolicy, retry, retry_for
 from bt_agent.storage.s3 import S3Store
 
@@ -479,7 +480,7 @@ def test_a_body_damaged_on_the_way_is_refused_by_the_service(
 ) -> None:
     """Every request with a body carries its checksum, which the service verifies: a byte
     flipped on the way (a whole object, or one part of a multipart upload) is refused, and
-    nothing is stored."""
+    nothing is stored: not the object, nor the multipart upload the failure ended."""
     proxy = FaultProxy(s3_server.port, corrupt=1)
     try:
         store = _through(proxy, s3_server)
@@ -492,6 +493,53 @@ def test_a_body_damaged_on_the_way_is_refused_by_the_service(
         proxy.close()
     assert proxy.corrupted == 2
     assert not store.exists("small.bin") and not store.exists("model.bin")
+    assert _begun_uploads(s3_server, store) == []
+
+
+def test_a_multipart_upload_that_fails_after_parts_landed_is_aborted(
+    s3_server: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    """A multipart upload whose first part landed and whose second is refused (a byte flipped
+    on the way) fails, and leaves no upload begun behind it (its landed parts kept, and
+    billed, out of sight): the engine aborts it."""
+    proxy = FaultProxy(s3_server.port, corrupt=1, spare=1)
+    try:
+        store = _through(proxy, s3_server)
+        store.tuning = Tuning(**{**TUNING, "upload_concurrency": 1})
+        with pytest.raises(IntegrityError, match="checksum"):
+            store.upload_file(_big_file(tmp_path, 12 * MiB), "model.bin")
+    finally:
+        proxy.close()
+    assert (proxy.bodies, proxy.corrupted) == (2, 1)
+    assert _begun_uploads(s3_server, store) == []
+    assert not store.exists("model.bin")
+
+
+def _begun_uploads(server: servers.SeaweedFS, store: S3Store) -> list[str]:
+    """The keys of ``store`` (under its prefix) with multipart uploads begun and never
+    completed, as the server lists them."""
+    listed = server.client().list_multipart_uploads(Bucket=store.bucket, Prefix=store.prefix)
+    return sorted(relative_key(store.prefix, u["Key"]) for u in listed.get("Uploads", []))
+
+
+def test_multipart_uploads_left_under_a_prefix_are_aborted(
+    s3_server: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    """What a process killed mid-upload leaves (multipart uploads begun, some parts sent) is
+    aborted by prefix, over plain HTTP and TLS alike; the stores' other uploads are kept."""
+    for tls in (False, True):
+        store = _store(s3_server, RetryPolicy(), tls=tls)
+        client = s3_server.client()
+        for key in ("jobs/a/rank-0/x.bin", "jobs/a/rank-0/y.bin", "jobs/b/rank-0/x.bin"):
+            name = join_key(store.prefix, key)
+            begun = client.create_multipart_upload(Bucket=store.bucket, Key=name)
+            client.upload_part(
+                Bucket=store.bucket, Key=name, UploadId=begun["UploadId"], PartNumber=1, Body=b"x"
+            )
+        assert store.abort_uploads("jobs/a/rank-0/x") == 1
+        assert store.abort_uploads("jobs/a/") == 1
+        assert _begun_uploads(s3_server, store) == ["jobs/b/rank-0/x.bin"]
+        assert store.abort_uploads("jobs/a/") == 0
 
 
 @pytest.mark.parametrize(

@@ -54,6 +54,7 @@ from bt_agent.sidecar.files import (
 )
 from bt_agent.sidecar.holds import Holds
 from bt_agent.sidecar.journal import Journal
+from bt_agent.sidecar.leftovers import Leftovers
 from bt_agent.sidecar.report import DrainReport
 from bt_agent.sidecar.space import FullDisk
 from bt_agent.sidecar.state import Round, State
@@ -207,6 +208,7 @@ class Sidecar:
             directory.root, self._changes, self.settings.polling, self.writers.closed
         )
         self.space = FullDisk(directory.root, log, self.holds)
+        self.leftovers = Leftovers(catalog, owner, log)
         self.placement = Placement(processes, self._placed)
         self._threads: list[threading.Thread] = []
 
@@ -313,6 +315,8 @@ class Sidecar:
         self._stream_in.put(None)
         self.stats.lost(left, reasons)
         self.stats.backlog(len(left), 0)
+        if left:  # their uploads under way are abandoned with the process
+            self.leftovers.abort()
         report = DrainReport(left, reasons, time.monotonic() - started)
         self.journal.close()
         self.dir.close()

@@ -327,6 +327,12 @@ class ObjectStore(ABC):
         and none starts after, so that no request of the engine is out when the process
         ends (an interpreter that ends with one there may crash on the way out)."""
 
+    def abort_uploads(self, prefix: str) -> int:
+        """Uploads begun under ``prefix`` that were never completed and whose parts the store
+        keeps, aborted; how many. Only S3's multipart uploads are kept so (Azure drops
+        uncommitted blocks, and GCS resumable sessions, after a week): the others have none."""
+        return 0
+
     def __enter__(self: S) -> S:
         return self
 

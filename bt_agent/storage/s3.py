@@ -14,6 +14,7 @@ checksum (the engine's ``checksum_algorithm``), which the service verifies.
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timezone
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,9 @@ CA_BUNDLE_VARIABLE = "AWS_CA_BUNDLE"
 REGION_ENDPOINT = "https://s3.amazonaws.com"
 #: How a directory bucket of S3 Express One Zone is named: ``<base>--<zone id>--x-s3``.
 EXPRESS_SUFFIX = "--x-s3"
+#: Seconds each request of :meth:`S3Store.abort_uploads` may take to connect, and to answer: it
+#: runs as a failure or a stop ends, within what is left of a grace period.
+CLEANUP_TIMEOUT_SECONDS = 2.0
 
 
 class S3Store(EngineStore):
@@ -73,6 +77,7 @@ class S3Store(EngineStore):
         self.fips, self.dualstack = fips, dualstack
         self.virtual_hosted = virtual_hosted
         self.signing_region = self.region  # the region requests are signed for, once known
+        self._credentials: _Keys | _BotocoreChain | None = None  # the engine's, once made
 
     def other_region(self, region: str | None) -> str:
         named = (
@@ -115,6 +120,7 @@ class S3Store(EngineStore):
                 self.endpoint_url = bucket_endpoint(self.endpoint_url, self.bucket)
             config.update(endpoint=self.endpoint_url)
         config["virtual_hosted_style_request"] = self.virtual_hosted
+        self._credentials = keys
         return Engine(
             self.bucket,
             region=region,
@@ -123,6 +129,70 @@ class S3Store(EngineStore):
             client_options=self._client_options(),
             retry_config=ENGINE_RETRIES,
             **config,
+        )
+
+    def abort_uploads(self, prefix: str) -> int:
+        """Multipart uploads begun under ``prefix`` and never completed, aborted: S3 keeps
+        their parts out of sight, and bills them, until then, and the engine aborts only those
+        that fail (not those of a process that ends with them under way). Through botocore
+        (the engine has no such calls), with short timeouts. A part still on its way as its
+        upload is aborted may land after it; the next abort takes it."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        if self.bucket.endswith(EXPRESS_SUFFIX):
+            return 0  # directory buckets: only their lifecycle rule reclaims such uploads
+        under = self._key(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
+        client = self._cleanup_client()
+        aborted = 0
+        try:
+            pages = client.get_paginator("list_multipart_uploads")
+            for page in pages.paginate(Bucket=self.bucket, Prefix=under):
+                for upload in page.get("Uploads", []):
+                    with contextlib.suppress(ClientError):  # aborted meanwhile: NoSuchUpload
+                        client.abort_multipart_upload(
+                            Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                        )
+                        aborted += 1
+        except (BotoCoreError, ClientError) as exc:
+            raise StoreError(
+                f"{self.uri(prefix)}: cannot abort the multipart uploads left there ({exc}); "
+                "a lifecycle rule (AbortIncompleteMultipartUpload) reclaims them",
+                self.uri(prefix),
+            ) from None
+        finally:
+            client.close()
+        return aborted
+
+    def _cleanup_client(self) -> Any:
+        """A botocore client made as the engine is: its endpoint, region, credentials, CA
+        bundle and proxy."""
+        import botocore.session
+        from botocore.config import Config
+
+        _ = self.engine  # endpoint, region and credentials resolved
+        assert self._credentials is not None  # made with the engine
+        credential = self._credentials()
+        endpoint = self.endpoint_url
+        if endpoint and self.virtual_hosted:
+            endpoint = path_endpoint(endpoint, self.bucket)
+        style = "virtual" if self.virtual_hosted else "path" if endpoint else "auto"
+        proxy = self._proxy()
+        config = Config(
+            connect_timeout=CLEANUP_TIMEOUT_SECONDS,
+            read_timeout=CLEANUP_TIMEOUT_SECONDS,
+            retries={"total_max_attempts": 2},
+            proxies={"https": proxy, "http": proxy} if proxy else None,
+            s3={"addressing_style": style},
+        )
+        return botocore.session.get_session().create_client(
+            "s3",
+            self.signing_region,
+            endpoint_url=endpoint,
+            verify=self.ca_bundle or None,
+            aws_access_key_id=credential["access_key_id"],
+            aws_secret_access_key=credential["secret_access_key"],
+            aws_session_token=credential["token"],
+            config=config,
         )
 
 
@@ -167,6 +237,13 @@ def bucket_endpoint(endpoint: str, bucket: str) -> str:
     scheme, _, rest = endpoint.partition("://")
     rest = rest.rstrip("/")
     return endpoint if rest.startswith(f"{bucket}.") else f"{scheme}://{bucket}.{rest}"
+
+
+def path_endpoint(endpoint: str, bucket: str) -> str:
+    """``endpoint`` without ``bucket`` as the first label of its host: the inverse of
+    :func:`bucket_endpoint`."""
+    scheme, _, rest = endpoint.partition("://")
+    return f"{scheme}://{rest.removeprefix(f'{bucket}.')}"
 
 
 def aws_endpoint(region: str, fips: bool | None, dualstack: bool | None) -> str | None:

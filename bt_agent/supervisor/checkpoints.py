@@ -149,6 +149,12 @@ class CheckpointUploads:
         self.log.error(f"checkpoints: {what}")
         return what
 
+    def tidy(self, until: float) -> None:
+        """Wait, until ``until`` (``time.monotonic()``) at most, for the abort of the uploads
+        that the drain abandoned (:mod:`bt_agent.sidecar.leftovers`)."""
+        if self.sidecar is not None:
+            self.sidecar.leftovers.wait(until)
+
     def _warn_unsaved(self) -> None:
         if self.enabled:
             return

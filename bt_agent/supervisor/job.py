@@ -53,6 +53,8 @@ CLEANUP_SECONDS = 2.0
 RECORDS_RESERVE_SECONDS = 1.0
 #: The last records are written until this long before the grace period ends.
 RECORDS_MARGIN_SECONDS = 0.3
+#: The longest wait, after the records, for the abort of uploads the drain abandoned.
+TIDY_SECONDS = 10.0
 _RANK_DIR = re.compile(r"rank-\d+")
 
 
@@ -141,6 +143,7 @@ class JobRunner:
                 outcome = self._stopped_outcome()  # the stop came while the uploads drained
             outcome = self._with_uploads(outcome, unsaved)
             self._finish(outcome, self._reporter)
+        self._checkpoints.tidy(self._records_deadline(time.monotonic() + TIDY_SECONDS))
         return outcome.exit_code
 
     def _phases(self, log_file: IO[str]) -> Outcome:

@@ -1,0 +1,52 @@
+"""Uploads the sidecar leaves unfinished in the store, aborted.
+
+A multipart upload still under way when the agent ends (its drain's deadline passed: a stop's
+grace period, or the drain's own limit) is abandoned with the process, and S3 keeps the parts
+it sent out of sight, billed, until the upload is aborted. The engine aborts the uploads that
+fail; nothing aborts those of a process that ends. So as a drain ends with files not durable,
+the multipart uploads left under the rank's checkpoints are aborted, on a thread of their own
+while the records are written. A part still on its way as its upload is aborted may land after
+it (S3 says so), and an agent killed outright aborts nothing: a bucket's lifecycle rule
+(AbortIncompleteMultipartUpload) reclaims those.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from bt_agent.catalog import Catalog, checkpoint_prefix
+from bt_agent.errors import BtAgentError
+from bt_agent.log import AgentLog, counted
+from bt_agent.sidecar.commits import Owner
+
+
+class Leftovers:
+    """The aborts of one rank's unfinished multipart uploads, each on a thread of its own."""
+
+    def __init__(self, catalog: Catalog, owner: Owner, log: AgentLog) -> None:
+        self.catalog = catalog
+        self.prefix = checkpoint_prefix(owner.project, owner.job_id, owner.rank, ".") + "/"
+        self.log = log
+        self._thread: threading.Thread | None = None
+
+    def abort(self) -> None:
+        """Abort, on a thread, the multipart uploads left unfinished under the rank's
+        checkpoints (:meth:`wait` for it)."""
+        self._thread = threading.Thread(target=self._abort, name="bt-upload-abort", daemon=True)
+        self._thread.start()
+
+    def wait(self, until: float) -> None:
+        """Wait for the abort under way, until ``until`` (``time.monotonic()``) at most."""
+        if self._thread is not None:
+            self._thread.join(max(until - time.monotonic(), 0.0))
+
+    def _abort(self) -> None:
+        try:
+            aborted = self.catalog.store.abort_uploads(self.prefix)
+        except (BtAgentError, OSError) as exc:
+            self.log.warning(f"checkpoints: {exc}")
+            return
+        if aborted:
+            uploads = counted(aborted, "multipart upload")
+            self.log.info(f"checkpoints: aborted {uploads} left unfinished in the store")
