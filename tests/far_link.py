@@ -30,6 +30,7 @@ class FarLink(Listener):
     rate: float  # bytes a second each connection's answers come at, at most
     connections: int = 0  # connections made through it
     passed: int = 0  # bytes of answers passed on, over all its connections
+    stall_after: int | None = None  # the first connection's answers stop after this many bytes
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -46,9 +47,14 @@ class FarLink(Listener):
         with client, upstream:
             for end in (client, upstream):
                 end.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            answers = threading.Thread(target=self._answers, args=(upstream, client), daemon=True)
+            stall = self.stall_after if self.connections == 1 else None
+            ended = threading.Event()  # the client is done sending: its connection closes
+            answers = threading.Thread(
+                target=self._answers, args=(upstream, client, stall, ended), daemon=True
+            )
             answers.start()
             self._requests(client, upstream)
+            ended.set()
             answers.join()
 
     def _requests(self, client: socket.socket, upstream: socket.socket) -> None:
@@ -61,17 +67,28 @@ class FarLink(Listener):
         with contextlib.suppress(OSError):
             upstream.shutdown(socket.SHUT_WR)
 
-    def _answers(self, upstream: socket.socket, client: socket.socket) -> None:
-        """The server's answers, spliced through a pipe, paced at ``rate``."""
+    def _answers(
+        self,
+        upstream: socket.socket,
+        client: socket.socket,
+        stall: int | None,
+        ended: threading.Event,
+    ) -> None:
+        """The server's answers, spliced through a pipe, paced at ``rate``; with ``stall``,
+        none past that many bytes: the connection is held open, silent, as a stalled one is,
+        until the client closes it (``ended``)."""
         read_end, write_end = os.pipe()
         due = time.monotonic()
         try:
-            while count := os.splice(upstream.fileno(), write_end, PIECE):
+            while count := os.splice(upstream.fileno(), write_end, _most(stall)):
                 left = count
                 while left:
                     left -= os.splice(read_end, client.fileno(), left)
                 with self._lock:
                     self.passed += count
+                if stall is not None and not (stall := stall - count):
+                    ended.wait()
+                    return
                 now = time.monotonic()
                 due = max(due, now) + count / self.rate
                 time.sleep(max(0.0, due - now))
@@ -82,3 +99,8 @@ class FarLink(Listener):
             os.close(write_end)
             with contextlib.suppress(OSError):
                 client.shutdown(socket.SHUT_WR)
+
+
+def _most(stall: int | None) -> int:
+    """The most bytes the next splice may take: a piece, or what is left before a stall."""
+    return PIECE if stall is None else min(PIECE, stall)

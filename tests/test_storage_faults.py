@@ -251,6 +251,40 @@ def test_a_download_killed_mid_way_is_taken_up_by_the_next_process(
 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+@pytest.mark.parametrize("size", [8 * MiB, 24 * MiB], ids=["streamed", "ranged"])
+def test_an_answer_that_stalls_mid_body_is_given_up_and_fetched_again(
+    own_s3: servers.SeaweedFS, tmp_path: Path, tls: bool, size: int
+) -> None:
+    """A connection that goes silent mid-answer (open, no error, no byte: the first one
+    through the link stops after 1 MiB) is given up after the read timeout (1 s here; 60 s by
+    default) and the rest fetched again, for one streamed GET and for ranged GETs alike:
+    without it the download waited for the whole request's limit (300 s)."""
+    from far_link import FarLink
+
+    source = _big_file(tmp_path, size)
+    near = _store(own_s3, RetryPolicy(), tls)
+    near.upload_file(source, "model.bin")
+    far = FarLink(own_s3.https_port if tls else own_s3.port, 0.0, 1e9, stall_after=MiB)
+    endpoint = f"https://localhost:{far.port}" if tls else far.endpoint
+    store = _store(own_s3, RetryPolicy(), tls, bucket=near.bucket, endpoint=endpoint)
+    store.tuning = Tuning(**{**TUNING, "multipart_threshold": 16 * MiB, "read_timeout": 1.0})
+    out = tmp_path / "model.bin.out"
+    began = time.monotonic()
+    done = threading.Thread(
+        target=store.download, args=("model.bin", out, near.stat("model.bin")), daemon=True
+    )
+    try:
+        done.start()
+        done.join(30)
+    finally:
+        far.close()
+    assert not done.is_alive(), "the download still waits on the stalled connection"
+    assert time.monotonic() - began < 15
+    assert far.connections >= 2 and far.passed >= size
+    assert out.read_bytes() == source.read_bytes()
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
 def test_a_halted_store_ends_its_downloads_at_once_and_keeps_what_they_wrote(
     own_s3: servers.SeaweedFS, tmp_path: Path, tls: bool
 ) -> None:

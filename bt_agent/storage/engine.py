@@ -165,6 +165,7 @@ class Tuning:
     batch_puts: int = 128  # ... at most, while more go faster
     batch_bytes: int = 32 * MiB  # bodies held at most at once by an upload stream
     batch_get_bytes: int = 16 * MiB  # ... by a batch download (each held twice as it comes)
+    read_timeout: float = 60.0  # seconds an answer may go silent before its request is retried
 
     def part_size_for(self, size: int, base: int) -> int:
         """``base``, or more where ``size`` would need more than 10,000 parts of it."""
@@ -267,9 +268,13 @@ class EngineStore(ObjectStore):
         return bool(self.endpoint_url and self.endpoint_url.startswith("http://"))
 
     def _client_options(self) -> ClientConfig:
-        """Timeouts, plain HTTP where the endpoint asks for it, ``ca_bundle`` and the proxy."""
+        """Timeouts, plain HTTP where the endpoint asks for it, ``ca_bundle`` and the proxy. A
+        connection that goes silent mid-answer (stalled: no error, no byte) is given up after
+        ``Tuning.read_timeout`` and the request retried, as botocore's read timeout does,
+        rather than after the whole request's limit."""
         options: ClientConfig = {
             "connect_timeout": timedelta(seconds=10),
+            "read_timeout": timedelta(seconds=self.tuning.read_timeout),
             "timeout": timedelta(seconds=300),
             "allow_http": self.plain_http,
         }
