@@ -663,6 +663,39 @@ def test_stops_with_uploads_in_flight_over_tls_end_with_the_stop_s_status(
         assert set(record["uploads"]["not_durable"]) <= set(files)
 
 
+def test_uploads_an_agent_killed_outright_left_begun_are_aborted_by_the_next(
+    agent: Agent, s3_server: servers.SeaweedFS
+) -> None:
+    """An agent killed outright (no drain) leaves its multipart uploads begun in the store;
+    the next agent on the node, finding the checkpoint dir holds files, aborts them before
+    its first upload, then uploads and commits as ever. Those of another rank are left."""
+    bucket = f"ck{uuid.uuid4().hex[:10]}"
+    s3_server.create_bucket(bucket)
+    ours = "bt/projects/default/jobs/left002/checkpoints/rank-0/checkpoint-1/model.bin"
+    theirs = "bt/projects/default/jobs/left002/checkpoints/rank-1/checkpoint-1/model.bin"
+    client = s3_server.client()
+    for key in (ours, theirs):
+        begun = client.create_multipart_upload(Bucket=bucket, Key=key)
+        client.upload_part(
+            Bucket=bucket, Key=key, UploadId=begun["UploadId"], PartNumber=1, Body=b"x" * 1024
+        )
+    saved = agent.node_root / "mnt" / "ckpts" / "checkpoint-1" / "model.bin"
+    saved.parent.mkdir(parents=True)
+    saved.write_bytes(os.urandom(12 * 1024 * 1024))
+    env = {**FAST, **s3_server.client_env()}
+    result = agent.run_job(
+        ckpt_job("true"), "--job-id", "left002", "--store", f"s3://{bucket}/bt", env=env
+    )
+    assert result.code == 0, result.text
+    said = "checkpoints: aborted 1 multipart upload left unfinished in the store"
+    assert said in result.err, result.err
+    assert result.err.index(said) < result.err.index("checkpoint checkpoint-1 committed")
+    begun = client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    assert [upload["Key"] for upload in begun] == [theirs]
+    stored = client.get_object(Bucket=bucket, Key=ours)["Body"].read()
+    assert stored == saved.read_bytes()
+
+
 def test_uploads_left_when_the_commands_end_are_said(
     agent: Agent, own_s3: servers.SeaweedFS
 ) -> None:

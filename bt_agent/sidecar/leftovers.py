@@ -5,13 +5,16 @@ grace period, or the drain's own limit) is abandoned with the process, and S3 ke
 it sent out of sight, billed, until the upload is aborted. The engine aborts the uploads that
 fail; nothing aborts those of a process that ends. So as a drain ends with files not durable,
 the multipart uploads left under the rank's checkpoints are aborted, on a thread of their own
-while the records are written. A part still on its way as its upload is aborted may land after
-it (S3 says so), and an agent killed outright aborts nothing: a bucket's lifecycle rule
-(AbortIncompleteMultipartUpload) reclaims those.
+while the records are written; and an agent that starts on a checkpoint dir that holds files
+(an earlier agent's on this node, which may have been killed outright) aborts what is left
+there before its first upload (the rank is its own by then: a second agent of it is refused).
+A part still on its way as its upload is aborted may land after it (S3 says so); what no agent
+comes back for, a bucket's lifecycle rule (AbortIncompleteMultipartUpload) reclaims.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -37,9 +40,10 @@ class Leftovers:
         self._thread.start()
 
     def wait(self, until: float) -> None:
-        """Wait for the abort under way, until ``until`` (``time.monotonic()``) at most."""
+        """Wait for the abort under way, until ``until`` (``time.monotonic()``) at most; its
+        requests' own timeouts bound it."""
         if self._thread is not None:
-            self._thread.join(max(until - time.monotonic(), 0.0))
+            self._thread.join(None if until == math.inf else max(until - time.monotonic(), 0))
 
     def _abort(self) -> None:
         try:

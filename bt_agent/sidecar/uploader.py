@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import math
 import queue
 import random
 import threading
@@ -219,11 +220,15 @@ class Sidecar:
         _allow_open_files(QUEUE_FILES * 4)
         self._resume()
         now = time.monotonic()
+        earlier = False  # files an earlier agent on this node may have been uploading
         for relative in self.dir.walk():
             found = self.dir.classify(relative)
             if isinstance(found, Candidate):
                 self._state.of(relative).files[relative] = found.sig
+                earlier = True
             self._mark(relative, now, 0.0, in_place=False)
+        if earlier:  # what it left begun, if it was killed, goes before this agent's own
+            self.leftovers.abort()
         self.watcher.start()
         self.log.info(
             f"checkpoints: watching {self.dir.root} ({self.watcher.method}); "
@@ -718,6 +723,9 @@ class Sidecar:
     def _worker(self) -> None:
         lower_priority(self.settings.nice)  # threads it starts (S3 parts) inherit it
         while (file := self._work.get()) is not None:
+            self.leftovers.wait(math.inf)  # an earlier agent's, before this one's own
+            if self._stop.is_set():  # the drain has ended: an upload begun now is abandoned
+                return
             self._done.put(self._copy(file) if isinstance(file, _Copy) else self._upload(file))
             self._wake.set()
 
