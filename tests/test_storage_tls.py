@@ -305,12 +305,16 @@ def test_coreweave_buckets_are_named_in_the_host(
     else:
         environ |= {"BT_CW_ENDPOINT_URL": "http://cwlota.com", "HTTP_PROXY": proxy.endpoint}
         host = f"{bucket}.cwlota.com"  # a request in absolute form, its port the default
+    client = s3_server.client()
+    begun = client.create_multipart_upload(Bucket=bucket, Key="models/left.bin")["UploadId"]
     try:
         with open_store(f"cw://{bucket}/models", Environ(environ), SECRET, "c") as store:
             assert store.write_bytes("config.json", b"{}")
             assert [info.key for info in store.list()] == ["config.json"]
             assert store.read_bytes("config.json") == b"{}"
+            assert store.abort_uploads("") == 1  # botocore's requests, the same way
         assert set(proxy.targets) == {host}, proxy.targets
+        assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads"), begun
         listed = s3_server.client().list_objects_v2(Bucket=bucket)["Contents"]
         assert [item["Key"] for item in listed] == ["models/config.json"]
     finally:
@@ -344,6 +348,7 @@ def test_a_profile_chooses_where_requests_go(
     virtual`` names the bucket in the host, as the AWS CLI reads them."""
     assert s3_server.certificates is not None
     bucket = _bucket(s3_server)
+    s3_server.client().create_multipart_upload(Bucket=bucket, Key="p/left.bin")
     proxy = ForwardProxy(upstream=("127.0.0.1", s3_server.https_port))
     config = tmp_path / "config"
     config.write_text(
@@ -364,6 +369,7 @@ def test_a_profile_chooses_where_requests_go(
         with open_store(f"s3://{bucket}/p", Environ(environ)) as store:
             assert store.write_bytes("model.bin", b"weights")
             assert store.read_bytes("model.bin") == b"weights"
+            assert store.abort_uploads("") == 1  # botocore's requests, the same way
         assert set(proxy.targets) == {f"{host.format(bucket=bucket)}:443"}, proxy.targets
     finally:
         proxy.close()
