@@ -33,7 +33,7 @@ REGION_ENDPOINT = "https://s3.amazonaws.com"
 #: How a directory bucket of S3 Express One Zone is named: ``<base>--<zone id>--x-s3``.
 EXPRESS_SUFFIX = "--x-s3"
 #: Seconds each request of :meth:`S3Store.abort_uploads` may take to connect, and to answer: it
-#: runs as a failure or a stop ends, within what is left of a grace period.
+#: runs as a drain ends, within what is left of a grace period.
 CLEANUP_TIMEOUT_SECONDS = 2.0
 
 
