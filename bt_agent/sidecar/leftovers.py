@@ -14,7 +14,6 @@ comes back for, a bucket's lifecycle rule (AbortIncompleteMultipartUpload) recla
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 
@@ -39,11 +38,11 @@ class Leftovers:
         self._thread = threading.Thread(target=self._abort, name="bt-upload-abort", daemon=True)
         self._thread.start()
 
-    def wait(self, until: float) -> None:
-        """Wait for the abort under way, until ``until`` (``time.monotonic()``) at most; its
-        requests' own timeouts bound it."""
+    def wait(self, until: float | None = None) -> None:
+        """Wait for the abort under way, until ``until`` (``time.monotonic()``) at most, or
+        for as long as it takes: its requests' own timeouts bound it."""
         if self._thread is not None:
-            self._thread.join(None if until == math.inf else max(until - time.monotonic(), 0))
+            self._thread.join(None if until is None else max(until - time.monotonic(), 0))
 
     def _abort(self) -> None:
         try:

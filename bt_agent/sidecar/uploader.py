@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-import math
 import queue
 import random
 import threading
@@ -723,7 +722,7 @@ class Sidecar:
     def _worker(self) -> None:
         lower_priority(self.settings.nice)  # threads it starts (S3 parts) inherit it
         while (file := self._work.get()) is not None:
-            self.leftovers.wait(math.inf)  # an earlier agent's, before this one's own
+            self.leftovers.wait()  # an earlier agent's, before this one's own
             if self._stop.is_set():  # the drain has ended: an upload begun now is abandoned
                 return
             self._done.put(self._copy(file) if isinstance(file, _Copy) else self._upload(file))

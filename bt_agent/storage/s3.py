@@ -141,7 +141,7 @@ class S3Store(EngineStore):
 
         if self.bucket.endswith(EXPRESS_SUFFIX):
             return 0  # directory buckets: only their lifecycle rule reclaims such uploads
-        under = self._key(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
+        under = self._key(prefix)  # the store's own prefix, with its slash, for ""
         client = self._cleanup_client()
         aborted = 0
         try:
