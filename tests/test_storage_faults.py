@@ -576,6 +576,51 @@ def test_multipart_uploads_left_under_a_prefix_are_aborted(
         assert store.abort_uploads("jobs/a/") == 0
 
 
+def test_a_halt_ends_the_uploads_under_way_and_begins_none_of_those_waiting(
+    s3_server: servers.SeaweedFS, tmp_path: Path
+) -> None:
+    """A process that stops with uploads under way (the sidecar, as its drain ends) halts its
+    store and aborts what is left: the two multipart uploads under way end at their next part
+    (the engine aborts each) and the third, waiting its turn (two at once per store), does not
+    begin behind the abort, so none is left begun and no object stored. Through a far link, so
+    the uploads are slow enough to be caught."""
+    from far_link import FarLink
+    from helpers import wait_for
+
+    far = FarLink(s3_server.port, 0.02, 1e9)
+    outcomes: dict[str, BaseException | None] = {}
+
+    def upload(path: Path) -> None:
+        try:
+            store.upload_file(path, path.name)
+            outcomes[path.name] = None
+        except Exception as exc:
+            outcomes[path.name] = exc
+
+    try:
+        store = _store(s3_server, RetryPolicy(), endpoint=far.endpoint)
+        names = [f"part{i}.bin" for i in range(3)]
+        block = hashlib.sha256(b"x").digest() * 32768  # 1 MiB
+        for name in names:
+            (tmp_path / name).write_bytes(block * 40)
+        threads = [threading.Thread(target=upload, args=(tmp_path / n,)) for n in names]
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: len(_begun_uploads(s3_server, store)) == 2, 30, "two uploads begun")
+        under_way = _begun_uploads(s3_server, store)
+        store.halt()
+        store.abort_uploads("")
+        for thread in threads:
+            thread.join(60)
+    finally:
+        far.close()
+    (waiting,) = set(names) - set(under_way)
+    assert isinstance(outcomes[waiting], InterruptedError), outcomes
+    assert all(outcomes[name] is not None for name in under_way), outcomes
+    assert _begun_uploads(s3_server, store) == []
+    assert store.list("") == []
+
+
 @pytest.mark.parametrize(
     ("size", "budget", "serial", "most"),
     [

@@ -319,7 +319,8 @@ class Sidecar:
         self._stream_in.put(None)
         self.stats.lost(left, reasons)
         self.stats.backlog(len(left), 0)
-        if left:  # their uploads under way are abandoned with the process
+        if left:  # their uploads under way would be abandoned with the process
+            self.catalog.store.halt()  # they end at their next part; none begins after
             self.leftovers.abort()
         report = DrainReport(left, reasons, time.monotonic() - started)
         self.journal.close()

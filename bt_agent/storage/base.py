@@ -325,7 +325,9 @@ class ObjectStore(ABC):
         """For a process that is stopping: the downloads in ranges under way end at their next
         piece (:class:`InterruptedError`, their partial files left as a failure leaves them),
         and none starts after, so that no request of the engine is out when the process
-        ends (an interpreter that ends with one there may crash on the way out)."""
+        ends (an interpreter that ends with one there may crash on the way out); multipart
+        uploads under way end at their next part (the engine aborts each) and none begins
+        after, so that none is begun behind :meth:`abort_uploads`."""
 
     def abort_uploads(self, prefix: str) -> int:
         """Uploads begun under ``prefix`` that were never completed and whose parts the store

@@ -219,7 +219,7 @@ class EngineStore(ObjectStore):
         self._multipart = threading.BoundedSemaphore(self.tuning.multipart_uploads)
         self._tls_only: bool | None = None  # whether the http:// endpoint takes TLS only
         self._ranged_now: dict[Path, Ranged] = {}  # by partial file: what is written, for a retry
-        self._halted = threading.Event()  # the process is stopping: ranges end (halt)
+        self._halted = threading.Event()  # the process is stopping: ranges and uploads end (halt)
 
     @abstractmethod
     def _make_engine(self) -> Any:
@@ -332,9 +332,9 @@ class EngineStore(ObjectStore):
             if self._loop is not None:
                 self._loop.cancel()
 
-    def _check_halted(self, key: str) -> None:
+    def _check_halted(self, key: str, what: str = "download") -> None:
         if self._halted.is_set():
-            raise InterruptedError(f"{self.uri(key)}: the download was stopped")
+            raise InterruptedError(f"{self.uri(key)}: the {what} was stopped")
 
     def engine_threads(self) -> list[int]:
         """The engine's runtime (tokio's threads: one runtime per process, shared by every
@@ -771,13 +771,15 @@ class EngineStore(ObjectStore):
         part = self.tuning.part_size_for(size, self.tuning.upload_part_size)
         whole = hashlib.sha256()
 
-        def parts() -> Iterator[bytes]:
+        def parts() -> Iterator[bytes]:  # raising here, the engine aborts the upload
             with open(path, "rb") as handle:
                 while chunk := handle.read(part):
+                    self._check_halted(key, "upload")
                     whole.update(chunk)
                     yield chunk
 
-        with self._multipart:
+        with self._multipart:  # a halt while it waited its turn: it does not begin
+            self._check_halted(key, "upload")
             self._engine_call(
                 key,
                 lambda engine: obstore.put(
