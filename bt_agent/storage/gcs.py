@@ -170,7 +170,7 @@ class GCSStore(ObjectStore):
         return join_key(self.prefix, key)
 
     def _list(self, prefix: str) -> list[ObjectInfo]:
-        full = self._key(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
+        full = self._key(prefix)  # the prefix with its slash, for ""
         try:
             blobs = list(
                 self.bucket.client.list_blobs(
