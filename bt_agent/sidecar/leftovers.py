@@ -4,10 +4,12 @@ A multipart upload still under way when the agent ends (its drain's deadline pas
 grace period, or the drain's own limit) is abandoned with the process, and S3 keeps the parts
 it sent out of sight, billed, until the upload is aborted. The engine aborts the uploads that
 fail; nothing aborts those of a process that ends. So as a drain ends with files not durable,
-the multipart uploads left under the rank's checkpoints are aborted, on a thread of their own
-while the records are written; and an agent that starts on a checkpoint dir that holds files
-(an earlier agent's on this node, which may have been killed outright) aborts what is left
-there before its first upload (the rank is its own by then: a second agent of it is refused).
+its store is halted (the uploads under way end at their next part, those waiting their turn do
+not begin) and the multipart uploads left under the rank's checkpoints are aborted, on a thread
+of their own while the records are written; and an agent that starts on a checkpoint dir that
+holds files (an earlier agent's on this node, which may have been killed outright) aborts what
+is left there before its first upload (the rank is its own by then: a second agent of it is
+refused).
 A part still on its way as its upload is aborted may land after it (S3 says so); what no agent
 comes back for, a bucket's lifecycle rule (AbortIncompleteMultipartUpload) reclaims.
 """
