@@ -556,6 +556,17 @@ def _begun_uploads(server: servers.SeaweedFS, store: S3Store) -> list[str]:
     return sorted(relative_key(store.prefix, u["Key"]) for u in listed.get("Uploads", []))
 
 
+def _uploading_parts(server: servers.SeaweedFS, store: S3Store) -> list[str]:
+    """The keys of :func:`_begun_uploads` with a part stored already."""
+    client = server.client()
+    listed = client.list_multipart_uploads(Bucket=store.bucket, Prefix=store.prefix)
+    return sorted(
+        relative_key(store.prefix, u["Key"])
+        for u in listed.get("Uploads", [])
+        if client.list_parts(Bucket=store.bucket, Key=u["Key"], UploadId=u["UploadId"]).get("Parts")
+    )
+
+
 def test_multipart_uploads_left_under_a_prefix_are_aborted(
     s3_server: servers.SeaweedFS, tmp_path: Path
 ) -> None:
@@ -580,14 +591,16 @@ def test_a_halt_ends_the_uploads_under_way_and_begins_none_of_those_waiting(
     s3_server: servers.SeaweedFS, tmp_path: Path
 ) -> None:
     """A process that stops with uploads under way (the sidecar, as its drain ends) halts its
-    store and aborts what is left: the two multipart uploads under way end at their next part
-    (the engine aborts each) and the third, waiting its turn (two at once per store), does not
-    begin behind the abort, so none is left begun and no object stored. Through a far link, so
-    the uploads are slow enough to be caught."""
+    store and aborts what is left: the two multipart uploads under way take no more parts and
+    the third, waiting its turn (two at once per store), does not begin behind the abort. Their
+    parts on their way (a file's last parts all go at once) are waited for, and what they left
+    aborted again (S3 may keep a part that lands after its upload's abort), so a process that
+    ends then leaves none begun, and no object stored. Through a far link, so the uploads are
+    slow enough to be caught."""
     from far_link import FarLink
     from helpers import wait_for
 
-    far = FarLink(s3_server.port, 0.02, 1e9)
+    far = FarLink(s3_server.port, 0.05, 1e9)
     outcomes: dict[str, BaseException | None] = {}
 
     def upload(path: Path) -> None:
@@ -601,19 +614,23 @@ def test_a_halt_ends_the_uploads_under_way_and_begins_none_of_those_waiting(
         store = _store(s3_server, RetryPolicy(), endpoint=far.endpoint)
         names = [f"part{i}.bin" for i in range(3)]
         block = hashlib.sha256(b"x").digest() * 32768  # 1 MiB
-        for name in names:
-            (tmp_path / name).write_bytes(block * 40)
+        for name in names:  # four parts each, all sent at once; the last, of 1 MiB, lands first
+            (tmp_path / name).write_bytes(block * 16)
         threads = [threading.Thread(target=upload, args=(tmp_path / n,)) for n in names]
         for thread in threads:
             thread.start()
-        wait_for(lambda: len(_begun_uploads(s3_server, store)) == 2, 30, "two uploads begun")
+        wait_for(lambda: len(_uploading_parts(s3_server, store)) == 2, 30, "two with a part")
         under_way = _begun_uploads(s3_server, store)
         store.halt()
+        assert store.abort_uploads("") == 2
+        assert store.wait_uploads()
+        still_under_way = [thread.name for thread in threads if thread.is_alive()]
         store.abort_uploads("")
         for thread in threads:
             thread.join(60)
     finally:
         far.close()
+    assert still_under_way == []
     (waiting,) = set(names) - set(under_way)
     assert isinstance(outcomes[waiting], InterruptedError), outcomes
     assert all(outcomes[name] is not None for name in under_way), outcomes

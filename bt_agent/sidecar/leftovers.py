@@ -1,17 +1,18 @@
 """Uploads the sidecar leaves unfinished in the store, aborted.
 
 A multipart upload still under way when the agent ends (its drain's deadline passed: a stop's
-grace period, or the drain's own limit) is abandoned with the process, and S3 keeps the parts
-it sent out of sight, billed, until the upload is aborted. The engine aborts the uploads that
-fail; nothing aborts those of a process that ends. So as a drain ends with files not durable,
-its store is halted (the uploads under way end at their next part, those waiting their turn do
-not begin) and the multipart uploads left under the rank's checkpoints are aborted, on a thread
-of their own while the records are written; and an agent that starts on a checkpoint dir that
-holds files (an earlier agent's on this node, which may have been killed outright) aborts what
-is left there before its first upload (the rank is its own by then: a second agent of it is
-refused).
-A part still on its way as its upload is aborted may land after it (S3 says so); what no agent
-comes back for, a bucket's lifecycle rule (AbortIncompleteMultipartUpload) reclaims.
+grace period, or the drain's own limit) is abandoned with the process, and S3 keeps the parts it
+sent out of sight, billed, until the upload is aborted. The engine aborts the uploads that fail;
+nothing aborts those of a process that ends. So as a drain ends with files not durable, its
+store is halted (the uploads under way take no more parts, those waiting their turn do not
+begin) and the multipart uploads left under the rank's checkpoints are aborted, on a thread of
+their own while the records are written, and aborted again once the uploads under way have ended
+(the parts they had on their way may land after the first abort); and an agent that starts on a
+checkpoint dir that holds files (an earlier agent's on this node, which may have been killed
+outright) aborts what is left there before its first upload (the rank is its own by then: a
+second agent of it is refused).
+What the process ends too soon to abort (its grace period spent), and what no agent comes back
+for, a bucket's lifecycle rule (AbortIncompleteMultipartUpload) reclaims.
 """
 
 from __future__ import annotations
@@ -47,11 +48,19 @@ class Leftovers:
             self._thread.join(None if until is None else max(until - time.monotonic(), 0))
 
     def _abort(self) -> None:
+        """Abort what is left, and again once the uploads still under way have ended (those
+        of a halted store: their parts on their way land, maybe after the first abort)."""
+        if self._abort_left() and self.catalog.store.wait_uploads():
+            self._abort_left()
+
+    def _abort_left(self) -> bool:
+        """Abort the uploads left under the rank's checkpoints; whether the store answered."""
         try:
             aborted = self.catalog.store.abort_uploads(self.prefix)
         except (BtAgentError, OSError) as exc:
             self.log.warning(f"checkpoints: {exc}")
-            return
+            return False
         if aborted:
             uploads = counted(aborted, "multipart upload")
             self.log.info(f"checkpoints: aborted {uploads} left unfinished in the store")
+        return True

@@ -320,7 +320,7 @@ class Sidecar:
         self.stats.lost(left, reasons)
         self.stats.backlog(len(left), 0)
         if left:  # their uploads under way would be abandoned with the process
-            self.catalog.store.halt()  # they end at their next part; none begins after
+            self.catalog.store.halt()  # they take no more parts; none begins after
             self.leftovers.abort()
         report = DrainReport(left, reasons, time.monotonic() - started)
         self.journal.close()

@@ -326,8 +326,16 @@ class ObjectStore(ABC):
         piece (:class:`InterruptedError`, their partial files left as a failure leaves them),
         and none starts after, so that no request of the engine is out when the process
         ends (an interpreter that ends with one there may crash on the way out); multipart
-        uploads under way end at their next part (the engine aborts each) and none begins
-        after, so that none is begun behind :meth:`abort_uploads`."""
+        uploads under way take no more parts (one with more to send fails, and the engine
+        aborts it) and none begins after, so that none is begun behind :meth:`abort_uploads`."""
+
+    def wait_uploads(self) -> bool:
+        """Wait until none of this store's multipart uploads is under way; whether any was.
+        After :meth:`halt` each ends once the parts on their way are answered (a file's last
+        parts all go at once): what a stopping process leaves begun after that is all that
+        :meth:`abort_uploads` has to take (one whose beginning was on its way as it listed
+        them; a part that landed after its upload's abort, which S3 may keep)."""
+        return False
 
     def abort_uploads(self, prefix: str) -> int:
         """Uploads begun under ``prefix`` that were never completed and whose parts the store

@@ -217,6 +217,8 @@ class EngineStore(ObjectStore):
         self._pools: dict[str, DaemonPool] = {}  # by name: batch downloads, upload streams
         self._loop: DaemonLoop | None = None  # ranged downloads
         self._multipart = threading.BoundedSemaphore(self.tuning.multipart_uploads)
+        self._uploading = threading.Condition()  # notified as a multipart upload ends
+        self._uploads = 0  # multipart uploads under way in the engine
         self._tls_only: bool | None = None  # whether the http:// endpoint takes TLS only
         self._ranged_now: dict[Path, Ranged] = {}  # by partial file: what is written, for a retry
         self._halted = threading.Event()  # the process is stopping: ranges and uploads end (halt)
@@ -335,6 +337,24 @@ class EngineStore(ObjectStore):
     def _check_halted(self, key: str, what: str = "download") -> None:
         if self._halted.is_set():
             raise InterruptedError(f"{self.uri(key)}: the {what} was stopped")
+
+    @contextlib.contextmanager
+    def _upload_under_way(self) -> Iterator[None]:
+        """A multipart upload in the engine, counted while it is under way."""
+        with self._uploading:
+            self._uploads += 1
+        try:
+            yield
+        finally:
+            with self._uploading:
+                self._uploads -= 1
+                self._uploading.notify_all()
+
+    def wait_uploads(self) -> bool:
+        with self._uploading:
+            were = self._uploads > 0
+            self._uploading.wait_for(lambda: self._uploads == 0)
+        return were
 
     def engine_threads(self) -> list[int]:
         """The engine's runtime (tokio's threads: one runtime per process, shared by every
@@ -778,8 +798,8 @@ class EngineStore(ObjectStore):
                     whole.update(chunk)
                     yield chunk
 
-        with self._multipart:  # a halt while it waited its turn: it does not begin
-            self._check_halted(key, "upload")
+        with self._multipart, self._upload_under_way():
+            self._check_halted(key, "upload")  # halted while it waited its turn: not begun
             self._engine_call(
                 key,
                 lambda engine: obstore.put(

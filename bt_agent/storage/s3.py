@@ -136,7 +136,8 @@ class S3Store(EngineStore):
         their parts out of sight, and bills them, until then, and the engine aborts only those
         that fail (not those of a process that ends with them under way). Through botocore
         (the engine has no such calls), with short timeouts. A part still on its way as its
-        upload is aborted may land after it; the next abort takes it."""
+        upload is aborted may land after it; the next abort takes it (after
+        :meth:`wait_uploads`)."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         if self.bucket.endswith(EXPRESS_SUFFIX):
