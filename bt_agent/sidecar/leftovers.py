@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from bt_agent.catalog import Catalog, checkpoint_prefix
 from bt_agent.errors import BtAgentError
@@ -37,8 +38,19 @@ class Leftovers:
 
     def abort(self) -> None:
         """Abort, on a thread, the multipart uploads left unfinished under the rank's
-        checkpoints (:meth:`wait` for it)."""
-        self._thread = threading.Thread(target=self._abort, name="bt-upload-abort", daemon=True)
+        checkpoints (:meth:`wait` for it): an earlier agent's."""
+        self._start(self._abort_left)
+
+    def abandon(self) -> None:
+        """For a drain that ends with uploads under way: halt the store (they take no more
+        parts; those waiting their turn do not begin), and abort, on a thread, what is left,
+        and again once those under way have ended (their parts on their way may land after
+        the first abort)."""
+        self.catalog.store.halt()
+        self._start(self._abort_abandoned)
+
+    def _start(self, abort: Callable[[], object]) -> None:
+        self._thread = threading.Thread(target=abort, name="bt-upload-abort", daemon=True)
         self._thread.start()
 
     def wait(self, until: float | None = None) -> None:
@@ -47,9 +59,7 @@ class Leftovers:
         if self._thread is not None:
             self._thread.join(None if until is None else max(until - time.monotonic(), 0))
 
-    def _abort(self) -> None:
-        """Abort what is left, and again once the uploads still under way have ended (those
-        of a halted store: their parts on their way land, maybe after the first abort)."""
+    def _abort_abandoned(self) -> None:
         if self._abort_left() and self.catalog.store.wait_uploads():
             self._abort_left()
 

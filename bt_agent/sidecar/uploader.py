@@ -320,8 +320,7 @@ class Sidecar:
         self.stats.lost(left, reasons)
         self.stats.backlog(len(left), 0)
         if left:  # their uploads under way would be abandoned with the process
-            self.catalog.store.halt()  # they take no more parts; none begins after
-            self.leftovers.abort()
+            self.leftovers.abandon()
         report = DrainReport(left, reasons, time.monotonic() - started)
         self.journal.close()
         self.dir.close()
