@@ -176,6 +176,16 @@ class SeaweedFS(Server):
     data: Path = Path()
     https_port: int = 0
     certificates: Certificates | None = None
+    ports: tuple[int, ...] = ()  # every port of its services (each gRPC's is 10000 above)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop it, and remove the Unix sockets it made in /tmp (whatever ``TMPDIR`` says),
+        some of which it leaves there as it ends."""
+        super().stop(sig)
+        for port in self.ports:
+            for named in (port, port + 10000):
+                for sock in Path("/tmp").glob(f"seaweedfs-*-{named}.sock"):
+                    sock.unlink(missing_ok=True)
 
     @property
     def endpoint(self) -> str:
@@ -272,6 +282,7 @@ def seaweedfs(root: Path, http2: bool = False) -> SeaweedFS:
         data=data,
         https_port=https,
         certificates=tls,
+        ports=tuple(sorted(ports)),
     )
     server.start()
     _wait_for_s3(server)
