@@ -216,8 +216,7 @@ class EngineStore(ObjectStore):
         self._lock = threading.Lock()
         self._pools: dict[str, DaemonPool] = {}  # by name: batch downloads, upload streams
         self._loop: DaemonLoop | None = None  # ranged downloads
-        self._multipart = threading.BoundedSemaphore(self.tuning.multipart_uploads)
-        self._uploading = threading.Condition()  # notified as a multipart upload ends
+        self._uploading = threading.Condition()  # notified as a multipart upload ends, or a halt
         self._uploads = 0  # multipart uploads under way in the engine
         self._tls_only: bool | None = None  # whether the http:// endpoint takes TLS only
         self._ranged_now: dict[Path, Ranged] = {}  # by partial file: what is written, for a retry
@@ -333,15 +332,21 @@ class EngineStore(ObjectStore):
             self._halted.set()
             if self._loop is not None:
                 self._loop.cancel()
+        with self._uploading:  # the uploads waiting their turn end now
+            self._uploading.notify_all()
 
     def _check_halted(self, key: str, what: str = "download") -> None:
         if self._halted.is_set():
             raise InterruptedError(f"{self.uri(key)}: the {what} was stopped")
 
     @contextlib.contextmanager
-    def _upload_under_way(self) -> Iterator[None]:
-        """A multipart upload in the engine, counted while it is under way."""
+    def _upload_turn(self, key: str) -> Iterator[None]:
+        """A multipart upload's turn in the engine (``Tuning.multipart_uploads`` at once per
+        store), counted while it is under way; one halted while it waits does not begin."""
+        most = self.tuning.multipart_uploads
         with self._uploading:
+            self._uploading.wait_for(lambda: self._uploads < most or self._halted.is_set())
+            self._check_halted(key, "upload")
             self._uploads += 1
         try:
             yield
@@ -798,8 +803,7 @@ class EngineStore(ObjectStore):
                     whole.update(chunk)
                     yield chunk
 
-        with self._multipart, self._upload_under_way():
-            self._check_halted(key, "upload")  # halted while it waited its turn: not begun
+        with self._upload_turn(key):
             self._engine_call(
                 key,
                 lambda engine: obstore.put(
