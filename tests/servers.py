@@ -440,9 +440,10 @@ class StaticHTTPS(Server):
         return f"https://localhost:{self.port}/{name}"
 
 
-def static_https(root: Path, tls: Certificates | None = None) -> StaticHTTPS:
-    """A ranged static file server on https, its certificate ``tls``'s (by default one for
-    localhost signed by a CA of its own)."""
+def static_https(root: Path, tls: Certificates | None = None, ranges: bool = True) -> StaticHTTPS:
+    """A static file server on https, its certificate ``tls``'s (by default one for localhost
+    signed by a CA of its own), serving ranges unless told not to. Its log (``root``/https.log)
+    has a line for each GET: its path, ``Range`` and ``If-Match``."""
     directory = root / "www"
     directory.mkdir(parents=True, exist_ok=True)
     tls = tls or certificates(root / "tls", ("localhost",))
@@ -456,7 +457,10 @@ def static_https(root: Path, tls: Certificates | None = None) -> StaticHTTPS:
         str(cert),
         str(key),
     ]
-    server = StaticHTTPS(argv, port, root / "https.log", directory=directory, ca_file=tls.ca)
+    env = {} if ranges else {"RANGES": "off"}
+    server = StaticHTTPS(
+        argv, port, root / "https.log", env=env, directory=directory, ca_file=tls.ca
+    )
     return server.start()  # type: ignore[return-value]
 
 

@@ -440,19 +440,27 @@ def test_a_proxy_that_is_no_url_or_is_down_is_named_without_its_password(
     assert f"through the proxy http://127.0.0.1:{port}" in str(named.value), named.value
 
 
-@pytest.mark.parametrize(
-    ("case", "said"),
-    [
-        ("untrusted", "is not trusted (unable to get local issuer certificate); set SSL_CERT_FILE"),
-        ("other-host", "is for another host name (IP address mismatch"),
-        ("expired", "is not valid now (certificate has expired)"),
-    ],
-)
-def test_an_https_source_whose_certificate_is_refused_says_why(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, said: str
+#: What each client says of a certificate it refuses: the engine's (rustls) for ``https://``
+#: weights, the standard library's (OpenSSL) for huggingface_hub's.
+REFUSED = {
+    ("https", "untrusted"): "is not trusted (UnknownIssuer); set SSL_CERT_FILE",
+    ("https", "other-host"): "is for another host name (NotValidForName",
+    ("https", "expired"): "is not valid now (Expired",
+    ("hf", "untrusted"): "is not trusted (unable to get local issuer certificate); set SSL_CERT",
+    ("hf", "other-host"): "is for another host name (IP address mismatch",
+    ("hf", "expired"): "is not valid now (certificate has expired)",
+}
+
+
+@pytest.mark.parametrize(("source", "case"), list(REFUSED))
+def test_a_source_whose_certificate_is_refused_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, case: str
 ) -> None:
-    """``https://`` weights (the standard library's client) refuse a certificate as the engine
-    does: at once, saying what is wrong with it and what to do, never an outage waited out."""
+    """``https://`` weights (the engine's client) and a Hub mirror (``HF_ENDPOINT``,
+    huggingface_hub's) refuse a certificate as the stores do: at once, saying what is wrong with
+    it and what to do, never an outage waited out (nor an unreachable Hub)."""
+    from huggingface_hub.utils import close_session
+
     tls = servers.certificates(
         tmp_path / "tls", ("localhost",), days=-1 if case == "expired" else 2
     )
@@ -461,31 +469,24 @@ def test_an_https_source_whose_certificate_is_refused_says_why(
         (server.directory / "model.bin").write_bytes(b"weights")
         if case != "untrusted":
             monkeypatch.setenv("SSL_CERT_FILE", str(tls.ca))
+        close_session()  # huggingface_hub's client reads SSL_CERT_FILE as it is made
         url = server.url("model.bin")
         if case == "other-host":
             url = url.replace("localhost", "127.0.0.1")
+        where = url.rpartition("/")[0]
         started = time.monotonic()
         with pytest.raises(StoreError) as caught:
-            open_store(url).list()
+            if source == "https":
+                open_store(url).list()
+            else:
+                open_store("hf://org/model", Environ({"HF_ENDPOINT": where})).list()
     finally:
         server.stop()
+        close_session()
     assert not isinstance(caught.value, TransientStoreError)
     assert time.monotonic() - started < 5
-    assert f"the TLS certificate of {url.rpartition('/')[0]} {said}" in str(caught.value)
-
-
-def test_a_hub_mirror_whose_certificate_is_untrusted_says_so(tmp_path: Path) -> None:
-    """``HF_ENDPOINT`` at a mirror whose CA this machine does not trust: huggingface_hub's
-    client refuses the handshake, and the store says so at once (not an unreachable Hub)."""
-    server = servers.static_https(tmp_path)
-    endpoint = f"https://localhost:{server.port}"
-    try:
-        with pytest.raises(StoreError) as caught:
-            open_store("hf://org/model", Environ({"HF_ENDPOINT": endpoint})).list()
-    finally:
-        server.stop()
-    assert not isinstance(caught.value, TransientStoreError)
-    assert f"the TLS certificate of {endpoint} is not trusted" in str(caught.value)
+    said = REFUSED[source, case]
+    assert f"the TLS certificate of {where} {said}" in str(caught.value), caught.value
 
 
 @pytest.mark.parametrize(

@@ -1,12 +1,10 @@
-"""``https://host/path`` (and ``http://``): one file behind a URL, read-only, with ranged GETs.
-
-Also the HTTP client the Hugging Face backend downloads through. Standard library only.
+"""The HTTP client the Hugging Face backend downloads through (standard library only), and
+the errors of TLS connections made by clients of the standard library's ``ssl``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import posixpath
 import socket
 import ssl
 import urllib.error
@@ -19,9 +17,6 @@ from urllib.parse import urlparse
 from bt_agent.errors import AccessDeniedError, NotFoundError, StoreError, TransientStoreError
 from bt_agent.storage.base import (
     CHUNK,
-    Fetched,
-    ObjectInfo,
-    ObjectStore,
     Refusal,
     speaks_no_tls,
     untrusted_certificate,
@@ -127,38 +122,3 @@ def download(
                 raise _error(exc, uri or url) from exc
             raise
     return digest.hexdigest()
-
-
-class HTTPStore(ObjectStore):
-    """A single object: its key is the URL's file name."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.name = posixpath.basename(urlparse(url).path) or "index"
-
-    def uri(self, key: str = "") -> str:
-        return self.url
-
-    def _only(self, key: str) -> None:
-        if key != self.name:
-            raise NotFoundError(f"{self.url} holds only {self.name!r}, not {key!r}", self.url)
-
-    def _list(self, prefix: str) -> list[ObjectInfo]:
-        return [self._stat(self.name)] if self.name.startswith(prefix) else []
-
-    def _stat(self, key: str) -> ObjectInfo:
-        self._only(key)
-        with request(self.url, method="HEAD") as response:
-            size = response.headers.get("Content-Length")
-            etag = response.headers.get("ETag")
-        if size is None:
-            raise StoreError(f"{self.url}: the server gives no Content-Length", self.url)
-        return ObjectInfo(self.name, int(size), etag.strip('"') if etag else None)
-
-    def _read_range(self, key: str, start: int, length: int) -> bytes:
-        self._only(key)
-        return read_range(self.url, start, length)
-
-    def _download(self, key: str, target: Path, expected: ObjectInfo | None) -> Fetched:
-        self._only(key)
-        return Fetched(None, download(self.url, target))

@@ -30,8 +30,10 @@ CW_ENDPOINT_VARIABLE = "BT_CW_ENDPOINT_URL"  # another: http://cwlota.com inside
 CA_BUNDLE_VARIABLE = "AWS_CA_BUNDLE"  # a PEM file of CAs trusted beside the system's
 DATASETS = "datasets"  # hf://datasets/owner/name: a dataset, as huggingface_hub names one
 REGION_VARIABLE = "AWS_DEFAULT_REGION"  # botocore's; where unset, botocore reads the profile
-#: The schemes whose stores go through the object-store engine (gs:// stays on
-#: google-cloud-storage, hf:// on huggingface_hub, https:// on the standard library).
+#: The schemes of the stores that go through the object-store engine (gs:// stays on
+#: google-cloud-storage, hf:// on huggingface_hub), whose TLS is seeded as a command that
+#: names one starts; https:// sources go through it too, but are not looked for (a spec names
+#: many URLs of https:// that are no source: endpoints, mirrors).
 ENGINE_SCHEMES = ("s3://", "r2://", "cw://", "azure://")
 
 
@@ -95,9 +97,9 @@ def open_store(
             secret_name=secret_name,
         )
     if scheme in ("http", "https"):
-        from bt_agent.storage.http import HTTPStore
+        from bt_agent.storage.web import HTTPStore
 
-        return HTTPStore(url)
+        return HTTPStore(url, ca_bundle=environ.get("SSL_CERT_FILE"), proxies=_proxies(environ))
     raise UsageError(
         f"unsupported URL {url!r}: use file://, s3://, r2://, cw://, gs://, azure://, hf:// or "
         "https://"

@@ -1,6 +1,8 @@
-"""A small static file server with what ``http.server`` lacks: Range requests and ETags.
+"""A small static file server with what ``http.server`` lacks: Range requests, ETags and
+``If-Match``. Each GET is logged on stdout (its path, range and If-Match).
 
 Usage: range_http_server.py DIRECTORY PORT [CERTFILE KEYFILE]   (TLS when a cert is given)
+With RANGES=off in its environment it sends every file whole, whatever range is asked.
 """
 
 import hashlib
@@ -11,6 +13,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(sys.argv[1]).resolve()
+RANGES = os.environ.get("RANGES") != "off"
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -27,17 +30,22 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def _headers(self, path, status, start, end, size):
         self.send_response(status)
         self.send_header("Content-Length", str(end - start))
-        self.send_header("Accept-Ranges", "bytes")
-        stat = path.stat()
-        etag = hashlib.md5(f"{stat.st_mtime_ns}-{size}".encode()).hexdigest()
-        self.send_header("ETag", f'"{etag}"')
+        if RANGES:
+            self.send_header("Accept-Ranges", "bytes")
+        self.send_header("ETag", self._etag(path))
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
         self.end_headers()
 
+    @staticmethod
+    def _etag(path):
+        stat = path.stat()
+        digest = hashlib.md5(f"{stat.st_mtime_ns}-{stat.st_size}".encode()).hexdigest()
+        return f'"{digest}"'
+
     def _span(self, size):
         header = self.headers.get("Range")
-        if not header or not header.startswith("bytes="):
+        if not RANGES or not header or not header.startswith("bytes="):
             return 200, 0, size
         first, _, last = header[6:].partition("-")
         start = int(first)
@@ -54,6 +62,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         path = self._file()
         if not path:
             return
+        wanted = self.headers.get("If-Match")
+        said = ("GET", self.path, str(self.headers.get("Range")), str(wanted))
+        sys.stdout.write(" ".join(said) + "\n")  # one write: lines of threads are not mixed
+        sys.stdout.flush()
+        if wanted and wanted != self._etag(path):
+            self.send_error(412)
+            return
         size = path.stat().st_size
         status, start, end = self._span(size)
         self._headers(path, status, start, end, size)
@@ -64,7 +79,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 chunk = handle.read(min(remaining, 1 << 20))
                 if not chunk:
                     break
-                self.wfile.write(chunk)
+                try:
+                    self.wfile.write(chunk)
+                except OSError:  # the client went (a ranged GET answered whole, given up)
+                    return
                 remaining -= len(chunk)
 
 

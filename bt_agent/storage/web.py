@@ -1,0 +1,107 @@
+"""``https://host/path`` (and ``http://``): one file behind a URL, read-only, on obstore
+(:mod:`bt_agent.storage.engine`).
+
+Its key is the URL's file name. A large file comes down as the object stores' do: ranges in
+parallel, each asking for the version the server's ``HEAD`` named (``If-Match`` on its ETag),
+taken up where an earlier attempt stopped; a server that does not serve ranges sends it whole,
+in one stream. ``SSL_CERT_FILE`` names a private CA; the proxy variables are honoured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from bt_agent.errors import NotFoundError, StoreError
+from bt_agent.storage.base import Fetched, ObjectInfo, ranges_record
+from bt_agent.storage.engine import ENGINE_RETRIES, EngineStore, Proxies, Tuning
+
+#: How the engine says the server answered a ranged GET with the whole file.
+_NO_RANGES = "Range request not supported"
+#: How the engine says the server's answer gave no size.
+_NO_LENGTH = "Content-Length Header missing"
+
+
+class RangesRefusedError(StoreError):
+    """The server sends the file whole, whatever range is asked of it."""
+
+
+class HTTPStore(EngineStore):
+    """A single file: its key is the URL's file name."""
+
+    container_noun = "server"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        tuning: Tuning | None = None,
+        ca_bundle: str | None = None,
+        proxies: Proxies | None = None,
+    ) -> None:
+        parts = urlsplit(url)
+        super().__init__("", url, f"{parts.scheme}://{parts.netloc}", tuning, ca_bundle, proxies)
+        self.name = posixpath.basename(parts.path) or "index"
+
+    def access_hint(self) -> str:
+        return "check the URL, and the token or signature it carries"
+
+    def _make_engine(self) -> Any:
+        from obstore.store import HTTPStore as Engine
+
+        return Engine.from_url(
+            self.url, client_options=self._client_options(), retry_config=ENGINE_RETRIES
+        )
+
+    def uri(self, key: str = "") -> str:
+        return self.url
+
+    def _key(self, key: str) -> str:
+        """The engine's name of the file (the URL itself: none)."""
+        if key != self.name:
+            raise NotFoundError(f"{self.url} holds only {self.name!r}, not {key!r}", self.url)
+        return ""
+
+    def _list(self, prefix: str) -> list[ObjectInfo]:
+        return [self._stat(self.name)] if self.name.startswith(prefix) else []
+
+    def _list_pages(self, prefix: str) -> Iterator[list[ObjectInfo]]:
+        yield self._list(prefix)
+
+    def _error(self, exc: Exception, key: str) -> Exception:
+        if _NO_RANGES in str(exc):
+            return RangesRefusedError(f"{self.url}: the server does not serve ranges", self.url)
+        if _NO_LENGTH in str(exc):  # an answer no retry would change
+            return StoreError(
+                f"{self.url}: the server gives no Content-Length (the file's size), which a "
+                "source needs; use a URL whose server gives it",
+                self.url,
+            )
+        return super()._error(exc, key)
+
+    def _download(self, key: str, target: Path, expected: ObjectInfo | None) -> Fetched:
+        """In ranges, or whole where the server turns out to send only the whole file (the
+        ranges asked first are not taken again)."""
+        try:
+            return super()._download(key, target, expected)
+        except RangesRefusedError:
+            ranges_record(target).unlink(missing_ok=True)  # nothing of it is written
+            self.tuning = dataclasses.replace(self.tuning, multipart_threshold=sys.maxsize)
+            return super()._download(key, target, expected)
+
+    def _upload(self, path: Path, key: str) -> str:
+        raise self._read_only_error(key)
+
+    def _put_object(self, key: str, data: bytes, sha256: str, if_absent: bool = False) -> bool:
+        raise self._read_only_error(key)
+
+    def _delete(self, key: str) -> None:
+        raise self._read_only_error(key)
+
+    def _copy(self, source: str, key: str) -> None:
+        raise NotImplementedError("a URL's file is not copied")

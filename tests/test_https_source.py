@@ -1,0 +1,112 @@
+"""``https://`` weights on the engine, against a real file server on https (its CA trusted
+through ``SSL_CERT_FILE``): a large file comes in ranges, each pinned to the ETag the server
+named; a server that serves no ranges sends it whole; a file replaced since it was listed is an
+error, never a mix of two files; the source is read-only."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import servers
+
+from bt_agent.errors import ChangedError, StoreError, TransientStoreError
+from bt_agent.settings import Environ
+from bt_agent.storage import ObjectStore, open_store
+
+MiB = 1024 * 1024
+SIZE = 72 * MiB + 3  # three ranges of the engine's 32 MiB
+
+
+@pytest.fixture(params=[True, False], ids=["ranges", "no-ranges"])
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[servers.StaticHTTPS]:
+    started = servers.static_https(tmp_path, ranges=request.param)
+    yield started
+    started.stop()
+
+
+def _source(server: servers.StaticHTTPS, name: str) -> ObjectStore:
+    return open_store(server.url(name), Environ({"SSL_CERT_FILE": str(server.ca_file)}))
+
+
+def _gets(server: servers.StaticHTTPS) -> list[list[str]]:
+    """The GETs the server has had: [path, Range, If-Match] each."""
+    return [line.split()[1:] for line in server.log.read_text().splitlines() if line[:4] == "GET "]
+
+
+def test_a_large_file_comes_in_ranges_pinned_to_its_etag_or_whole(
+    server: servers.StaticHTTPS, tmp_path: Path
+) -> None:
+    data = os.urandom(SIZE)
+    (server.directory / "model.bin").write_bytes(data)
+    with _source(server, "model.bin") as source:
+        [info] = source.list()
+        target = source.download("model.bin", tmp_path / "out" / "model.bin", info)
+    assert target.read_bytes() == data
+    assert [path.name for path in target.parent.iterdir()] == ["model.bin"]
+    gets = _gets(server)
+    assert {(path, pinned) for path, _, pinned in gets} == {("/model.bin", f'"{info.version}"')}
+    ranges = ["bytes=0-33554431", "bytes=33554432-67108863", f"bytes=67108864-{SIZE - 1}"]
+    asked = [asked for _, asked, _ in gets]
+    if server.env.get("RANGES") != "off":
+        assert sorted(asked) == ranges
+    else:  # the ranges asked first (one at least: they end at the first refusal), then whole
+        assert asked[-1] == "None" and 1 <= len(asked) - 1 <= 3, asked
+        assert set(asked[:-1]) <= set(ranges), asked
+
+
+@pytest.mark.parametrize("size", [1000, SIZE], ids=["small", "large"])
+def test_a_file_replaced_since_it_was_listed_is_an_error(
+    server: servers.StaticHTTPS, tmp_path: Path, size: int
+) -> None:
+    """The version listed is asked for (``If-Match``; above the range size, also the server's
+    ``HEAD`` first): another file there fails at once, and nothing is put in place."""
+    (server.directory / "model.bin").write_bytes(b"a" * size)
+    with _source(server, "model.bin") as source:
+        [info] = source.list()
+        os.utime(server.directory / "model.bin", ns=(0, 10**9))  # another ETag
+        with pytest.raises(ChangedError):
+            source.download("model.bin", tmp_path / "model.bin", info)
+    assert list(tmp_path.glob("*model.bin*")) == []
+
+
+def test_an_https_source_is_read_only(https_server: servers.StaticHTTPS, tmp_path: Path) -> None:
+    (tmp_path / "x").write_bytes(b"x")
+    with _source(https_server, "model.bin") as source:
+        for write in (
+            lambda: source.upload_file(tmp_path / "x", "model.bin"),
+            lambda: source.write_bytes("model.bin", b"x"),
+            lambda: source.delete("model.bin"),
+        ):
+            with pytest.raises(StoreError, match="this source is read-only"):
+                write()
+
+
+def test_a_server_that_gives_no_size_is_a_clear_error(tmp_path: Path) -> None:
+    """A file sent chunked, its size unsaid: an error that says so at once, not an outage
+    waited out."""
+
+    class Chunked(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_HEAD(self) -> None:
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Chunked)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        source = open_store(f"http://127.0.0.1:{server.server_port}/model.bin")
+        with source, pytest.raises(StoreError) as caught:
+            source.list()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not isinstance(caught.value, TransientStoreError)
+    assert "the server gives no Content-Length" in str(caught.value)
