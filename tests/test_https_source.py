@@ -59,6 +59,22 @@ def test_a_large_file_comes_in_ranges_pinned_to_its_etag_or_whole(
         assert set(asked[:-1]) <= set(ranges), asked
 
 
+def test_a_server_that_serves_no_ranges_is_asked_for_none_again(tmp_path: Path) -> None:
+    server = servers.static_https(tmp_path, ranges=False)
+    try:
+        data = os.urandom(SIZE)
+        (server.directory / "model.bin").write_bytes(data)
+        with _source(server, "model.bin") as source:
+            [info] = source.list()
+            source.download("model.bin", tmp_path / "first" / "model.bin", info)
+            before = len(_gets(server))
+            again = source.download("model.bin", tmp_path / "again" / "model.bin", info)
+        assert again.read_bytes() == data
+        assert [asked for _, asked, _ in _gets(server)[before:]] == ["None"]
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize("size", [1000, SIZE], ids=["small", "large"])
 def test_a_file_replaced_since_it_was_listed_is_an_error(
     server: servers.StaticHTTPS, tmp_path: Path, size: int

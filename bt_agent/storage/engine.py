@@ -670,15 +670,15 @@ class EngineStore(ObjectStore):
 
     def _ranged(self, target: Path, info: ObjectInfo) -> Ranged:
         """The download of ``info`` into ``target``, with what an earlier attempt at it wrote
-        (the object at the same version and size), to be kept: in this process, or as the
-        record beside ``target`` says. What was kept for partial files now gone (their downloads
-        ended) is let go here."""
+        (the object at the same version and size, in ranges of the same size), to be kept: in
+        this process, or as the record beside ``target`` says. What was kept for partial files
+        now gone (their downloads ended) is let go here."""
         part = self.tuning.part_size_for(info.size, self.tuning.part_size)
         with self._lock:
             for gone in [path for path in self._ranged_now if not path.exists()]:
                 del self._ranged_now[gone]
             earlier = self._ranged_now.get(target)
-            if earlier is None or earlier.info != info or not info.version:
+            if earlier is None or (earlier.info, earlier.part) != (info, part) or not info.version:
                 earlier = self._ranged_now[target] = Ranged.taken_up(target, info, part)
             return earlier
 
@@ -703,7 +703,7 @@ class EngineStore(ObjectStore):
         if stop.is_set():
             return
         self._check_halted(job.info.key)
-        options = _get_options(job.info.version, first, end - first)
+        options = _range_options(job, first, end)
         get = partial(obstore.get, path=self._key(job.info.key), options=options)
         offset = first
         with _range_writer(job.target) as fd:
@@ -742,7 +742,7 @@ class EngineStore(ObjectStore):
         self, engine: Any, job: Ranged, start: int, first: int, end: int
     ) -> None:
         """One range on the event loop, the engine reading its body on its own threads."""
-        options = _get_options(job.info.version, first, end - first)
+        options = _range_options(job, first, end)
         offset = first
         with _range_writer(job.target) as fd:
             async for piece in self._body_async(engine, job.info.key, options):
@@ -1014,6 +1014,14 @@ def _get_options(version: str | None, start: int = 0, length: int | None = None)
     if length is not None:
         options["range"] = (start, start + length)
     return options
+
+
+def _range_options(job: Ranged, first: int, end: int) -> GetOptions:
+    """The options of the GET of ``job``'s bytes from ``first`` up to ``end``: a range, unless
+    that is the whole object, which is asked for whole (a server that serves no ranges sends
+    it so)."""
+    whole = first == 0 and end == job.info.size
+    return _get_options(job.info.version, first, None if whole else end - first)
 
 
 def _answers_tls(endpoint: str) -> bool:

@@ -85,13 +85,13 @@ class HTTPStore(EngineStore):
         return super()._error(exc, key)
 
     def _download(self, key: str, target: Path, expected: ObjectInfo | None) -> Fetched:
-        """In ranges, or whole where the server turns out to send only the whole file (the
-        ranges asked first are not taken again)."""
+        """In ranges, or in one range that is the whole file (asked for whole) where the server
+        turns out to send only the whole file: from then on, every download of this store."""
         try:
             return super()._download(key, target, expected)
         except RangesRefusedError:
             ranges_record(target).unlink(missing_ok=True)  # nothing of it is written
-            self.tuning = dataclasses.replace(self.tuning, multipart_threshold=sys.maxsize)
+            self.tuning = dataclasses.replace(self.tuning, part_size=sys.maxsize)
             return super()._download(key, target, expected)
 
     def _upload(self, path: Path, key: str) -> str:

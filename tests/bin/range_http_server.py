@@ -86,7 +86,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 remaining -= len(chunk)
 
 
-server = http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[2])), Handler)
+class Server(http.server.ThreadingHTTPServer):
+    """Room for as many connections at once as clients of ranges open (at five, the default,
+    the ones past it wait a second for the kernel to try them again)."""
+
+    request_queue_size = 128
+
+
+server = Server(("127.0.0.1", int(sys.argv[2])), Handler)
 if len(sys.argv) > 4:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(sys.argv[3], sys.argv[4])
