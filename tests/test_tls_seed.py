@@ -90,9 +90,16 @@ def _spec(tmp_path: Path, source: str) -> Path:
 def test_an_engines_store_is_named_by_a_word_a_spec_file_or_neither(tmp_path: Path) -> None:
     assert tls_seed.names_an_engine_store(["run", "--store=s3://bucket/bt"])
     assert tls_seed.names_an_engine_store(["stage", str(_spec(tmp_path / "a", "azure://a/c/m"))])
-    for other in ("gs://bucket/model", "hf://org/model", "https://host/model.bin"):
-        # stores of google-cloud-storage, huggingface_hub and the standard library
+    assert tls_seed.names_an_engine_store(["stage", str(_spec(tmp_path / "c", "https://h/m.bin"))])
+    yaml = tmp_path / "job.yaml"
+    yaml.write_text("weights:\n  - source: https://h/m.bin\n    mount_location: /app/m\n")
+    assert tls_seed.names_an_engine_store(["run", str(yaml)])
+    for other in ("gs://bucket/model", "hf://org/model"):
+        # stores of google-cloud-storage and huggingface_hub
         assert not tls_seed.names_an_engine_store(["run", str(_spec(tmp_path / "b", other))])
+    elsewhere = tmp_path / "other.yaml"  # a URL of https:// that is no weights source
+    elsewhere.write_text("environment_variables:\n  HF_ENDPOINT: https://mirror.example.com\n")
+    assert not tls_seed.names_an_engine_store(["run", str(elsewhere)])
     assert not tls_seed.names_an_engine_store(["run", str(tmp_path / "missing.json"), "-"])
 
 

@@ -31,9 +31,7 @@ CA_BUNDLE_VARIABLE = "AWS_CA_BUNDLE"  # a PEM file of CAs trusted beside the sys
 DATASETS = "datasets"  # hf://datasets/owner/name: a dataset, as huggingface_hub names one
 REGION_VARIABLE = "AWS_DEFAULT_REGION"  # botocore's; where unset, botocore reads the profile
 #: The schemes of the stores that go through the object-store engine (gs:// stays on
-#: google-cloud-storage, hf:// on huggingface_hub), whose TLS is seeded as a command that
-#: names one starts; https:// sources go through it too, but are not looked for (a spec names
-#: many URLs of https:// that are no source: endpoints, mirrors).
+#: google-cloud-storage, hf:// on huggingface_hub; https:// sources go through it too).
 ENGINE_SCHEMES = ("s3://", "r2://", "cw://", "azure://")
 
 

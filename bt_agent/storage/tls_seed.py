@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import threading
 from collections.abc import Iterable
@@ -32,13 +33,16 @@ WAIT_SECONDS = 2.0
 HANDSHAKE_RECORD = 0x16
 #: The most of a file named by a command's word that is looked through for a URL.
 LOOKED_THROUGH = 1024 * 1024
+#: A weights source of ``https://`` (``"source": "https://`` in JSON, ``source: https://`` in
+#: YAML, ``source="https://`` in Python): not any URL of https:// (endpoints, mirrors, links).
+_HTTPS_SOURCE = re.compile(r"""source["']?\s*[:=]\s*["']?https?://""")
 
 
 def names_an_engine_store(words: Iterable[str]) -> bool:
     """Whether any of ``words`` (a command's arguments, the variables that name its spec and
     store), or the text of a file one names (a spec), holds the URL of a store the engine
-    reads (``s3://`` and the like): a look before anything is parsed, which a URL in a comment
-    also satisfies."""
+    reads (``s3://`` and the like, or an ``https://`` weights source): a look before anything is
+    parsed, which a URL in a comment also satisfies."""
     for word in words:
         if _holds_a_url(word):
             return True
@@ -53,7 +57,7 @@ def names_an_engine_store(words: Iterable[str]) -> bool:
 
 
 def _holds_a_url(text: str) -> bool:
-    return any(scheme in text for scheme in ENGINE_SCHEMES)
+    return any(scheme in text for scheme in ENGINE_SCHEMES) or bool(_HTTPS_SOURCE.search(text))
 
 
 def seed_in_background() -> None:
