@@ -440,10 +440,12 @@ class StaticHTTPS(Server):
         return f"https://localhost:{self.port}/{name}"
 
 
-def static_https(root: Path, tls: Certificates | None = None, ranges: bool = True) -> StaticHTTPS:
+def static_https(root: Path, tls: Certificates | None = None, **behaviour: str) -> StaticHTTPS:
     """A static file server on https, its certificate ``tls``'s (by default one for localhost
-    signed by a CA of its own), serving ranges unless told not to. Its log (``root``/https.log)
-    has a line for each GET: its path, ``Range`` and ``If-Match``."""
+    signed by a CA of its own), serving ranges and honouring ``If-Match`` unless ``behaviour``
+    says otherwise (``RANGES="off"``, ``IF_MATCH="off"``, ``ETAGS="weak"``: its variables).
+    Its log (``root``/https.log) has a line for each GET: its path, ``Range`` and
+    ``If-Match``."""
     directory = root / "www"
     directory.mkdir(parents=True, exist_ok=True)
     tls = tls or certificates(root / "tls", ("localhost",))
@@ -457,9 +459,8 @@ def static_https(root: Path, tls: Certificates | None = None, ranges: bool = Tru
         str(cert),
         str(key),
     ]
-    env = {} if ranges else {"RANGES": "off"}
     server = StaticHTTPS(
-        argv, port, root / "https.log", env=env, directory=directory, ca_file=tls.ca
+        argv, port, root / "https.log", env=behaviour, directory=directory, ca_file=tls.ca
     )
     return server.start()  # type: ignore[return-value]
 

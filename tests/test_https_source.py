@@ -17,14 +17,15 @@ import servers
 from bt_agent.errors import ChangedError, StoreError, TransientStoreError
 from bt_agent.settings import Environ
 from bt_agent.storage import ObjectStore, open_store
+from bt_agent.storage.base import ObjectInfo
 
 MiB = 1024 * 1024
 SIZE = 72 * MiB + 3  # three ranges of the engine's 32 MiB
 
 
-@pytest.fixture(params=[True, False], ids=["ranges", "no-ranges"])
+@pytest.fixture(params=["on", "off"], ids=["ranges", "no-ranges"])
 def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[servers.StaticHTTPS]:
-    started = servers.static_https(tmp_path, ranges=request.param)
+    started = servers.static_https(tmp_path, RANGES=request.param)
     yield started
     started.stop()
 
@@ -60,7 +61,7 @@ def test_a_large_file_comes_in_ranges_pinned_to_its_etag_or_whole(
 
 
 def test_a_server_that_serves_no_ranges_is_asked_for_none_again(tmp_path: Path) -> None:
-    server = servers.static_https(tmp_path, ranges=False)
+    server = servers.static_https(tmp_path, RANGES="off")
     try:
         data = os.urandom(SIZE)
         (server.directory / "model.bin").write_bytes(data)
@@ -126,3 +127,50 @@ def test_a_server_that_gives_no_size_is_a_clear_error(tmp_path: Path) -> None:
         server.server_close()
     assert not isinstance(caught.value, TransientStoreError)
     assert "the server gives no Content-Length" in str(caught.value)
+
+
+def test_a_file_replaced_under_a_server_that_ignores_if_match_is_still_an_error(
+    tmp_path: Path,
+) -> None:
+    """The file is replaced just after the ``HEAD`` that precedes a large file's ranges, on a
+    server that ignores ``If-Match``: each range's answer names its ETag, and another one there
+    fails the download rather than writing a file of two."""
+    server = servers.static_https(tmp_path, IF_MATCH="off")
+    path = server.directory / "model.bin"
+    try:
+        path.write_bytes(b"a" * SIZE)
+        with _source(server, "model.bin") as source:
+            [info] = source.list()
+            headed = source._stat  # type: ignore[attr-defined]
+
+            def replaced_after(key: str) -> ObjectInfo:
+                found = headed(key)
+                path.write_bytes(b"b" * SIZE)
+                os.utime(path, ns=(0, 10**9))  # another ETag, whatever the clock's grain
+                return found  # type: ignore[no-any-return]
+
+            source._stat = replaced_after  # type: ignore[attr-defined]
+            with pytest.raises(ChangedError):
+                source.download("model.bin", tmp_path / "out" / "model.bin", info)
+        assert list((tmp_path / "out").iterdir()) == []
+        assert {pinned for _, _, pinned in _gets(server)} == {f'"{info.version}"'}
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("size", [1000, SIZE], ids=["small", "large"])
+def test_a_server_of_weak_etags_is_asked_without_if_match(tmp_path: Path, size: int) -> None:
+    """A weak ETag (``W/"..."``) matches no ``If-Match``: asking with it would fail every
+    download, so none is asked (the answers' ETags are still compared with the listing's)."""
+    server = servers.static_https(tmp_path, ETAGS="weak")
+    try:
+        data = os.urandom(size)
+        (server.directory / "model.bin").write_bytes(data)
+        with _source(server, "model.bin") as source:
+            [info] = source.list()
+            target = source.download("model.bin", tmp_path / "out" / "model.bin", info)
+        assert target.read_bytes() == data
+        assert info.version and info.version.startswith("W/")
+        assert {pinned for _, _, pinned in _gets(server)} == {"None"}
+    finally:
+        server.stop()

@@ -618,13 +618,16 @@ class EngineStore(ObjectStore):
                 handle.write(chunk)
         return Fetched(info.sha256, digest.hexdigest(), info.version)
 
-    def _chunks(self, key: str, result: Any) -> Iterator[Any]:
+    def _chunks(self, key: str, result: Any, pinned: ObjectInfo | None = None) -> Iterator[Any]:
         """The body of a GET in the pieces the engine joins (``Tuning.piece``), the engine's
-        errors typed (the caller's own, writing them, pass as they are). The answer is let go
-        of as it ends, however it ends (:meth:`_body_async`)."""
+        errors typed (the caller's own, writing them, pass as they are); none where the answer
+        is of a version other than ``pinned``'s (a server that ignores ``If-Match``). The answer
+        is let go of as it ends, however it ends (:meth:`_body_async`)."""
+        found = _version(result.meta)
         stream = iter(result.stream(min_chunk_size=self.tuning.piece))
         del result
         try:
+            self.check_version(key, pinned, found)
             while True:
                 try:
                     chunk = next(stream)
@@ -705,9 +708,10 @@ class EngineStore(ObjectStore):
         self._check_halted(job.info.key)
         options = _range_options(job, first, end)
         get = partial(obstore.get, path=self._key(job.info.key), options=options)
+        answer = partial(self._engine_call, job.info.key, get)
         offset = first
         with _range_writer(job.target) as fd:
-            for piece in self._chunks(job.info.key, self._engine_call(job.info.key, get)):
+            for piece in self._chunks(job.info.key, answer(), job.info):
                 if stop.is_set():
                     return
                 self._check_halted(job.info.key)
@@ -745,25 +749,30 @@ class EngineStore(ObjectStore):
         options = _range_options(job, first, end)
         offset = first
         with _range_writer(job.target) as fd:
-            async for piece in self._body_async(engine, job.info.key, options):
+            async for piece in self._body_async(engine, job.info, options):
                 self._check_halted(job.info.key)
                 offset += _write_at(fd, memoryview(piece), offset)
                 job.wrote(start, offset)
         self._whole(job, first, end, offset)
 
-    async def _body_async(self, engine: Any, key: str, options: GetOptions) -> AsyncIterator[Any]:
-        """:meth:`_chunks` of a GET made on the event loop. Its answer is let go of as it ends,
-        however it ends: a traceback that outlives it (a stop's, a failure's) keeps no
-        connection open, nor the engine's reads on it."""
+    async def _body_async(
+        self, engine: Any, pinned: ObjectInfo, options: GetOptions
+    ) -> AsyncIterator[Any]:
+        """:meth:`_chunks` of a GET of ``pinned`` made on the event loop. Its answer is let go
+        of as it ends, however it ends: a traceback that outlives it (a stop's, a failure's)
+        keeps no connection open, nor the engine's reads on it."""
         import obstore
 
+        key = pinned.key
         try:
             result = await obstore.get_async(engine, self._key(key), options=options)
         except Exception as exc:
             raise self._error(exc, key) from None
+        found = _version(result.meta)
         pieces = result.stream(min_chunk_size=self.tuning.piece).__aiter__()
         del result
         try:
+            self.check_version(key, pinned, found)
             while True:
                 try:
                     piece = await pieces.__anext__()
@@ -1006,10 +1015,11 @@ def _version(meta: Any) -> str:
 
 def _get_options(version: str | None, start: int = 0, length: int | None = None) -> GetOptions:
     """The engine's options for a GET of the object at ``version`` (``If-Match``, the ETag
-    quoted as the services answer it; listings give it unquoted here), of ``length`` bytes at
-    ``start`` where a length is given, else whole."""
+    quoted as the services answer it; listings give it unquoted here; none for a weak ETag,
+    which no ``If-Match`` matches), of ``length`` bytes at ``start`` where a length is given,
+    else whole."""
     options: GetOptions = {}
-    if version:
+    if version and not version.startswith("W/"):  # a weak ETag matches no If-Match
         options["if_match"] = f'"{version}"'
     if length is not None:
         options["range"] = (start, start + length)

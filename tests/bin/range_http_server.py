@@ -2,7 +2,8 @@
 ``If-Match``. Each GET is logged on stdout (its path, range and If-Match).
 
 Usage: range_http_server.py DIRECTORY PORT [CERTFILE KEYFILE]   (TLS when a cert is given)
-With RANGES=off in its environment it sends every file whole, whatever range is asked.
+In its environment: RANGES=off, it sends every file whole, whatever range is asked;
+IF_MATCH=off, it ignores If-Match; ETAGS=weak, its ETags are weak (W/"...").
 """
 
 import hashlib
@@ -14,6 +15,8 @@ from pathlib import Path
 
 ROOT = Path(sys.argv[1]).resolve()
 RANGES = os.environ.get("RANGES") != "off"
+IF_MATCH = os.environ.get("IF_MATCH") != "off"
+WEAK = os.environ.get("ETAGS") == "weak"
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -41,7 +44,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def _etag(path):
         stat = path.stat()
         digest = hashlib.md5(f"{stat.st_mtime_ns}-{stat.st_size}".encode()).hexdigest()
-        return f'"{digest}"'
+        return f'W/"{digest}"' if WEAK else f'"{digest}"'
 
     def _span(self, size):
         header = self.headers.get("Range")
@@ -66,7 +69,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         said = ("GET", self.path, str(self.headers.get("Range")), str(wanted))
         sys.stdout.write(" ".join(said) + "\n")  # one write: lines of threads are not mixed
         sys.stdout.flush()
-        if wanted and wanted != self._etag(path):
+        if IF_MATCH and wanted and wanted != self._etag(path):
             self.send_error(412)
             return
         size = path.stat().st_size
