@@ -174,3 +174,26 @@ def test_a_server_of_weak_etags_is_asked_without_if_match(tmp_path: Path, size: 
         assert {pinned for _, _, pinned in _gets(server)} == {"None"}
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("ranges", ["on", "off"])
+def test_a_url_presigned_for_get_only_is_read_without_a_head(tmp_path: Path, ranges: str) -> None:
+    """A presigned URL (S3's, GCS's) is signed for GET: its ``HEAD`` is refused, so the file's
+    size and ETag come from a GET of its first byte (of the file, where the server serves no
+    ranges); every request keeps the URL's query, its signature."""
+    server = servers.static_https(tmp_path, SIGNED="GET", RANGES=ranges)
+    try:
+        data = os.urandom(SIZE)
+        (server.directory / "model.bin").write_bytes(data)
+        query = "?X-Amz-Expires=3600&X-Amz-Signature=0123abcd"
+        source = open_store(
+            server.url("model.bin") + query, Environ({"SSL_CERT_FILE": str(server.ca_file)})
+        )
+        with source:
+            [info] = source.list()
+            assert (info.key, info.size) == ("model.bin", SIZE)
+            target = source.download("model.bin", tmp_path / "out" / "model.bin", info)
+        assert target.read_bytes() == data
+        assert {path for path, _, _ in _gets(server)} == {f"/model.bin{query}"}
+    finally:
+        server.stop()

@@ -4,7 +4,9 @@
 Its key is the URL's file name. A large file comes down as the object stores' do: ranges in
 parallel, each asking for the version the server's ``HEAD`` named (``If-Match`` on its ETag),
 taken up where an earlier attempt stopped; a server that does not serve ranges sends it whole,
-in one stream. ``SSL_CERT_FILE`` names a private CA; the proxy variables are honoured.
+in one stream. A URL presigned for GET only (S3's, GCS's: its ``HEAD`` is refused) is sized by
+a GET of its first byte. ``SSL_CERT_FILE`` names a private CA; the proxy variables are
+honoured.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ import dataclasses
 import posixpath
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from bt_agent.errors import NotFoundError, StoreError
+from bt_agent.errors import AccessDeniedError, NotFoundError, StoreError
 from bt_agent.storage.base import Fetched, ObjectInfo, ranges_record
-from bt_agent.storage.engine import ENGINE_RETRIES, EngineStore, Proxies, Tuning
+from bt_agent.storage.engine import ENGINE_RETRIES, EngineStore, Proxies, Tuning, _info
 
 #: How the engine says the server answered a ranged GET with the whole file.
 _NO_RANGES = "Range request not supported"
@@ -72,6 +75,23 @@ class HTTPStore(EngineStore):
 
     def _list_pages(self, prefix: str) -> Iterator[list[ObjectInfo]]:
         yield self._list(prefix)
+
+    def _stat(self, key: str) -> ObjectInfo:
+        """The server's ``HEAD``; where that is refused (a URL presigned for GET only, as S3's
+        and GCS's are), a GET of the first byte (or, from a server that serves no ranges, of
+        the file, let go of once its headers are in), whose answer gives its size and ETag."""
+        import obstore
+
+        try:
+            return super()._stat(key)
+        except AccessDeniedError:
+            first: dict[str, Any] = {"range": (0, 1)}
+        get = partial(obstore.get, path=self._key(key))
+        try:
+            answer = self._engine_call(key, partial(get, options=first))
+        except RangesRefusedError:
+            answer = self._engine_call(key, get)
+        return _info(key, answer.meta, answer.attributes)
 
     def _error(self, exc: Exception, key: str) -> Exception:
         if _NO_RANGES in str(exc):

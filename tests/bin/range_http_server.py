@@ -3,7 +3,8 @@
 
 Usage: range_http_server.py DIRECTORY PORT [CERTFILE KEYFILE]   (TLS when a cert is given)
 In its environment: RANGES=off, it sends every file whole, whatever range is asked;
-IF_MATCH=off, it ignores If-Match; ETAGS=weak, its ETags are weak (W/"...").
+IF_MATCH=off, it ignores If-Match; ETAGS=weak, its ETags are weak (W/"..."); SIGNED=GET, it
+serves only GETs whose query holds "signature=" (a URL presigned for GET: a HEAD is refused).
 """
 
 import hashlib
@@ -17,6 +18,7 @@ ROOT = Path(sys.argv[1]).resolve()
 RANGES = os.environ.get("RANGES") != "off"
 IF_MATCH = os.environ.get("IF_MATCH") != "off"
 WEAK = os.environ.get("ETAGS") == "weak"
+SIGNED = os.environ.get("SIGNED") == "GET"
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -24,6 +26,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 
     def _file(self):
+        if SIGNED and (self.command != "GET" or "signature=" not in self.path.lower()):
+            self.send_error(403)
+            return None
         path = (ROOT / self.path.lstrip("/").split("?")[0]).resolve()
         if ROOT not in path.parents or not path.is_file():
             self.send_error(404)
