@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import os
 import threading
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import servers
+from helpers import Agent
 
 from bt_agent.errors import ChangedError, StoreError, TransientStoreError
 from bt_agent.settings import Environ
+from bt_agent.spec.urls import shown_url
 from bt_agent.storage import ObjectStore, open_store
 from bt_agent.storage.base import ObjectInfo
 
@@ -197,3 +200,53 @@ def test_a_url_presigned_for_get_only_is_read_without_a_head(tmp_path: Path, ran
         assert {path for path, _, _ in _gets(server)} == {f"/model.bin{query}"}
     finally:
         server.stop()
+
+
+def test_a_presigned_source_s_signature_is_never_shown(agent: Agent, tmp_path: Path) -> None:
+    """A job staging a presigned ``https://`` file, and one whose file is gone: the plan line
+    and the error name the URL with its query's values hidden, in the agent's output, its log
+    and its node's record (the job's record keeps the spec as it was given)."""
+    server = servers.static_https(tmp_path / "https", SIGNED="GET")
+    signature = uuid.uuid4().hex
+    query = f"?X-Amz-Credential=AKIA{signature[:8]}&X-Amz-Signature={signature}"
+    env = {"SSL_CERT_FILE": str(server.ca_file)}
+    try:
+        (server.directory / "model.bin").write_bytes(b"weights\n")
+        found = {"source": server.url("model.bin") + query, "mount_location": "/h"}
+        staged = agent.run_job(_job(found, f"cat {agent.node_root}/h/model.bin"), env=env)
+        gone = {"source": server.url("gone.bin") + query, "mount_location": "/g"}
+        failed = agent.run_job(_job(gone, "true"), env=env)
+    finally:
+        server.stop()
+    assert staged.code == 0, staged.text
+    assert staged.out == "weights\n"
+    shown = server.url("model.bin") + "?X-Amz-Credential=***&X-Amz-Signature=***"
+    assert shown in staged.err, staged.err
+    assert failed.code == 3, failed.text
+    assert server.url("gone.bin") + "?X-Amz-Credential=***" in failed.err, failed.err
+    kept = [path for path in agent.store.rglob("*") if path.is_file() and path.name != "job.json"]
+    written = [path.read_bytes() for path in kept]
+    assert any(path.suffix == ".log" for path in kept)
+    for text in [staged.text.encode(), failed.text.encode(), *written]:
+        assert signature.encode() not in text and signature[:8].encode() not in text
+
+
+def _job(weights: dict[str, str], command: str) -> dict[str, object]:
+    return {
+        "image": {"base_image": "x"},
+        "weights": [weights],
+        "runtime": {"start_commands": [command]},
+    }
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://h/m.bin?X-Goog-Signature=ab&v=2", "https://h/m.bin?X-Goog-Signature=***&v=***"),
+        ("https://user:pw@h:8443/m.bin", "https://user:***@h:8443/m.bin"),
+        ("https://h/m.bin", "https://h/m.bin"),
+        ("s3://bucket/m.bin", "s3://bucket/m.bin"),
+    ],
+)
+def test_a_url_is_shown_without_what_it_carries_of_credentials(url: str, shown: str) -> None:
+    assert shown_url(url) == shown

@@ -14,6 +14,8 @@ BUCKET_RULE = "only letters, digits, '.', '-' and '_'"
 #: A control character, which no object's name can hold.
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SPACE = re.compile(r"\s")
+#: What a URL's hidden parts are shown as (the mask of secret values in logs).
+HIDDEN = "***"
 
 
 def unreadable_url(url: str) -> str | None:
@@ -39,3 +41,19 @@ def unreadable_url(url: str) -> str | None:
     if control := CONTROL.search(path):
         return f"has a control character ({control.group(0)!r}) in its path"
     return None
+
+
+def shown_url(url: str) -> str:
+    """``url`` as logs and errors show it: the values of an ``http(s)://`` URL's query (a
+    presigned URL's signature and credential) and its password hidden, the names kept."""
+    if not url.startswith(("https://", "http://")):
+        return url
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url.partition("?")[0]
+    netloc = parts.netloc.replace(f":{password}@", f":{HIDDEN}@") if password else parts.netloc
+    names = [field.partition("=")[0] for field in parts.query.split("&") if field]
+    query = "&".join(f"{name}={HIDDEN}" for name in names)
+    return parts._replace(netloc=netloc, query=query).geturl()

@@ -30,6 +30,7 @@ from bt_agent.settings import (
     Environ,
 )
 from bt_agent.spec.models import TrainingJob, WeightsSource
+from bt_agent.spec.urls import shown_url
 from bt_agent.staging.cache import (
     ENTRY_MODE,
     Claim,
@@ -143,7 +144,7 @@ def plan_source(
         pinned = store.uri(only)
     else:
         objects = store.list()
-        pinned = store.pinned_url if isinstance(store, HFStore) else store.url
+        pinned = store.pinned_url if isinstance(store, HFStore) else store.uri()
     identity = _identity(store)
     files = [
         PlannedFile(check_key(info.key), info, _entry(identity, info))
@@ -267,10 +268,10 @@ class WeightsStager:
         self, plan_or_index: SourcePlan | int, weights: WeightsSource, exc: Exception
     ) -> StagingError:
         index = plan_or_index.index if isinstance(plan_or_index, SourcePlan) else plan_or_index
-        said = str(exc)
-        if said.startswith(weights.source):  # a store's error names its object already
+        said, source = str(exc), shown_url(weights.source)
+        if said.startswith(source):  # a store's error names its object already
             return StagingError(f"weights[{index}] {said}")
-        return StagingError(f"weights[{index}] {weights.source}: {said}")
+        return StagingError(f"weights[{index}] {source}: {said}")
 
     def _open(self, index: int, weights: WeightsSource) -> ObjectStore:
         if weights.scheme == "bt":

@@ -425,7 +425,7 @@ class EngineStore(ObjectStore):
         where = self.endpoint_url or "the service"
         if _NO_CONTAINER.search(text):  # not an object missing: nothing can be read or written
             return StoreError(
-                f"{uri}: the {self.container_noun} of {self.url} does not exist; check its name "
+                f"{uri}: the {self.container_noun} of {self.uri()} does not exist; check its name "
                 f"and where requests go ({where})",
                 uri,
             )
@@ -434,7 +434,7 @@ class EngineStore(ObjectStore):
             why = CONTROL.sub(lambda found: repr(found.group(0)).strip("'"), why)
             return StoreError(
                 f"{uri}: the engine cannot read the name of the object {name!r} there ({why}); "
-                f"rename it, or move it from under {self.url}",
+                f"rename it, or move it from under {self.uri()}",
                 uri,
             )
         if isinstance(exc, FileNotFoundError | engine.NotFoundError) or code == "404":

@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from bt_agent.errors import AccessDeniedError, NotFoundError, StoreError
+from bt_agent.spec.urls import shown_url
 from bt_agent.storage.base import Fetched, ObjectInfo, ranges_record
 from bt_agent.storage.engine import ENGINE_RETRIES, EngineStore, Proxies, Tuning, _info
 
@@ -62,12 +63,14 @@ class HTTPStore(EngineStore):
         )
 
     def uri(self, key: str = "") -> str:
-        return self.url
+        """The URL as errors and logs show it: its query's values hidden (a presigned URL's
+        signature is a credential)."""
+        return shown_url(self.url)
 
     def _key(self, key: str) -> str:
         """The engine's name of the file (the URL itself: none)."""
         if key != self.name:
-            raise NotFoundError(f"{self.url} holds only {self.name!r}, not {key!r}", self.url)
+            raise NotFoundError(f"{self.uri()} holds only {self.name!r}, not {key!r}", self.uri())
         return ""
 
     def _list(self, prefix: str) -> list[ObjectInfo]:
@@ -95,12 +98,12 @@ class HTTPStore(EngineStore):
 
     def _error(self, exc: Exception, key: str) -> Exception:
         if _NO_RANGES in str(exc):
-            return RangesRefusedError(f"{self.url}: the server does not serve ranges", self.url)
+            return RangesRefusedError(f"{self.uri()}: the server does not serve ranges", self.uri())
         if _NO_LENGTH in str(exc):  # an answer no retry would change
             return StoreError(
-                f"{self.url}: the server gives no Content-Length (the file's size), which a "
+                f"{self.uri()}: the server gives no Content-Length (the file's size), which a "
                 "source needs; use a URL whose server gives it",
-                self.url,
+                self.uri(),
             )
         return super()._error(exc, key)
 
