@@ -250,3 +250,27 @@ def _job(weights: dict[str, str], command: str) -> dict[str, object]:
 )
 def test_a_url_is_shown_without_what_it_carries_of_credentials(url: str, shown: str) -> None:
     assert shown_url(url) == shown
+
+
+@pytest.mark.parametrize("etags", ["strong", "none"])
+def test_a_file_presigned_again_is_found_in_the_node_cache(
+    agent: Agent, tmp_path: Path, etags: str
+) -> None:
+    """The same file behind a URL presigned again (its query new) is the node cache's entry
+    where the server names its version (an ETag); where it names none, only the same URL is."""
+    server = servers.static_https(tmp_path / "https", SIGNED="GET", ETAGS=etags)
+    env = {"SSL_CERT_FILE": str(server.ca_file)}
+    try:
+        (server.directory / "model.bin").write_bytes(b"weights\n")
+        said = []
+        for signature in ("first", "second"):
+            url = server.url("model.bin") + f"?X-Amz-Signature={signature}"
+            job = _job({"source": url, "mount_location": "/h"}, "true")
+            result = agent.run_job(job, env=env)
+            assert result.code == 0, result.text
+            said.append(result.err)
+    finally:
+        server.stop()
+    assert "0 in the node cache, 1 to fetch" in said[0], said[0]
+    again = "1 in the node cache, 0 to fetch" if etags == "strong" else "0 in the node cache"
+    assert again in said[1], said[1]

@@ -124,13 +124,8 @@ class SourcePlan:
         return sum(f.info.size for f in self.files)
 
 
-def _identity(store: ObjectStore) -> str:
-    """What names a source's content: an HF repo (blob ids are its versions) or the URL."""
-    return store.repository if isinstance(store, HFStore) else store.url
-
-
-def _entry(identity: str, info: ObjectInfo) -> str:
-    return entry_id(identity, info.key, info.version or "", str(info.size))
+def _entry(store: ObjectStore, info: ObjectInfo) -> str:
+    return entry_id(store.identity(info), info.key, info.version or "", str(info.size))
 
 
 def plan_source(
@@ -145,9 +140,8 @@ def plan_source(
     else:
         objects = store.list()
         pinned = store.pinned_url if isinstance(store, HFStore) else store.uri()
-    identity = _identity(store)
     files = [
-        PlannedFile(check_key(info.key), info, _entry(identity, info))
+        PlannedFile(check_key(info.key), info, _entry(store, info))
         for info in objects
         if selected(info.key, weights.allow_patterns, weights.ignore_patterns)
     ]

@@ -354,6 +354,11 @@ class ObjectStore(ABC):
     def uri(self, key: str = "") -> str:
         return join_key(self.url.rstrip("/"), key) if key else self.url
 
+    def identity(self, info: ObjectInfo) -> str:
+        """What, with its key, version and size, names the content of the object ``info``
+        lists (a node cache's entry): by default the store's URL."""
+        return self.url
+
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object under ``prefix``, in key order, without folders' placeholders."""
         found = retry(lambda: self._list(prefix), self.policy)

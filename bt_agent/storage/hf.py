@@ -148,6 +148,10 @@ class HFStore(ObjectStore):
     def pinned_url(self) -> str:
         return f"{self.repository}@{self.commit}"
 
+    def identity(self, info: ObjectInfo) -> str:
+        """The repository, whatever revision was asked: its files' blob ids are their versions."""
+        return self.repository
+
     def tree(self) -> dict[str, ObjectInfo]:
         """Every file of the repository at the pinned commit, listed once."""
         if self._tree is None:

@@ -67,6 +67,11 @@ class HTTPStore(EngineStore):
         signature is a credential)."""
         return shown_url(self.url)
 
+    def identity(self, info: ObjectInfo) -> str:
+        """The file's place (the URL without its query) where the server names its version
+        (an ETag): a URL presigned again, its query new, is the same file; else the URL."""
+        return self.url.partition("?")[0] if info.version else self.url
+
     def _key(self, key: str) -> str:
         """The engine's name of the file (the URL itself: none)."""
         if key != self.name:

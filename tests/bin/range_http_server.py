@@ -3,7 +3,8 @@
 
 Usage: range_http_server.py DIRECTORY PORT [CERTFILE KEYFILE]   (TLS when a cert is given)
 In its environment: RANGES=off, it sends every file whole, whatever range is asked;
-IF_MATCH=off, it ignores If-Match; ETAGS=weak, its ETags are weak (W/"..."); SIGNED=GET, it
+IF_MATCH=off, it ignores If-Match; ETAGS=weak, its ETags are weak (W/"...") and ETAGS=none,
+it gives none; SIGNED=GET, it
 serves only GETs whose query holds "signature=" (a URL presigned for GET: a HEAD is refused).
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 ROOT = Path(sys.argv[1]).resolve()
 RANGES = os.environ.get("RANGES") != "off"
 IF_MATCH = os.environ.get("IF_MATCH") != "off"
-WEAK = os.environ.get("ETAGS") == "weak"
+ETAGS = os.environ.get("ETAGS", "strong")
 SIGNED = os.environ.get("SIGNED") == "GET"
 
 
@@ -40,7 +41,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(end - start))
         if RANGES:
             self.send_header("Accept-Ranges", "bytes")
-        self.send_header("ETag", self._etag(path))
+        if ETAGS != "none":
+            self.send_header("ETag", self._etag(path))
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
         self.end_headers()
@@ -49,7 +51,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def _etag(path):
         stat = path.stat()
         digest = hashlib.md5(f"{stat.st_mtime_ns}-{stat.st_size}".encode()).hexdigest()
-        return f'W/"{digest}"' if WEAK else f'"{digest}"'
+        return f'W/"{digest}"' if ETAGS == "weak" else f'"{digest}"'
 
     def _span(self, size):
         header = self.headers.get("Range")
