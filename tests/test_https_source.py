@@ -33,8 +33,21 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[servers.S
     started.stop()
 
 
-def _source(server: servers.StaticHTTPS, name: str) -> ObjectStore:
-    return open_store(server.url(name), Environ({"SSL_CERT_FILE": str(server.ca_file)}))
+def _source(server: servers.StaticHTTPS, name: str, query: str = "") -> ObjectStore:
+    return open_store(server.url(name) + query, Environ({"SSL_CERT_FILE": str(server.ca_file)}))
+
+
+def _fetched(
+    server: servers.StaticHTTPS, data: bytes, tmp_path: Path, query: str = ""
+) -> tuple[bytes, ObjectInfo]:
+    """``data`` served as model.bin, listed and downloaded through its ``https://`` source:
+    what was downloaded, and what the listing said."""
+    (server.directory / "model.bin").write_bytes(data)
+    with _source(server, "model.bin", query) as source:
+        [info] = source.list()
+        target = source.download("model.bin", tmp_path / "out" / "model.bin", info)
+    assert [path.name for path in target.parent.iterdir()] == ["model.bin"]
+    return target.read_bytes(), info
 
 
 def _gets(server: servers.StaticHTTPS) -> list[list[str]]:
@@ -46,12 +59,8 @@ def test_a_large_file_comes_in_ranges_pinned_to_its_etag_or_whole(
     server: servers.StaticHTTPS, tmp_path: Path
 ) -> None:
     data = os.urandom(SIZE)
-    (server.directory / "model.bin").write_bytes(data)
-    with _source(server, "model.bin") as source:
-        [info] = source.list()
-        target = source.download("model.bin", tmp_path / "out" / "model.bin", info)
-    assert target.read_bytes() == data
-    assert [path.name for path in target.parent.iterdir()] == ["model.bin"]
+    fetched, info = _fetched(server, data, tmp_path)
+    assert fetched == data
     gets = _gets(server)
     assert {(path, pinned) for path, _, pinned in gets} == {("/model.bin", f'"{info.version}"')}
     ranges = ["bytes=0-33554431", "bytes=33554432-67108863", f"bytes=67108864-{SIZE - 1}"]
@@ -168,11 +177,8 @@ def test_a_server_of_weak_etags_is_asked_without_if_match(tmp_path: Path, size: 
     server = servers.static_https(tmp_path, ETAGS="weak")
     try:
         data = os.urandom(size)
-        (server.directory / "model.bin").write_bytes(data)
-        with _source(server, "model.bin") as source:
-            [info] = source.list()
-            target = source.download("model.bin", tmp_path / "out" / "model.bin", info)
-        assert target.read_bytes() == data
+        fetched, info = _fetched(server, data, tmp_path)
+        assert fetched == data
         assert info.version and info.version.startswith("W/")
         assert {pinned for _, _, pinned in _gets(server)} == {"None"}
     finally:
@@ -187,16 +193,10 @@ def test_a_url_presigned_for_get_only_is_read_without_a_head(tmp_path: Path, ran
     server = servers.static_https(tmp_path, SIGNED="GET", RANGES=ranges)
     try:
         data = os.urandom(SIZE)
-        (server.directory / "model.bin").write_bytes(data)
         query = "?X-Amz-Expires=3600&X-Amz-Signature=0123abcd"
-        source = open_store(
-            server.url("model.bin") + query, Environ({"SSL_CERT_FILE": str(server.ca_file)})
-        )
-        with source:
-            [info] = source.list()
-            assert (info.key, info.size) == ("model.bin", SIZE)
-            target = source.download("model.bin", tmp_path / "out" / "model.bin", info)
-        assert target.read_bytes() == data
+        fetched, info = _fetched(server, data, tmp_path, query)
+        assert fetched == data
+        assert (info.key, info.size) == ("model.bin", SIZE)
         assert {path for path, _, _ in _gets(server)} == {f"/model.bin{query}"}
     finally:
         server.stop()
