@@ -444,7 +444,7 @@ def static_https(root: Path, tls: Certificates | None = None, **behaviour: str) 
     """A static file server on https, its certificate ``tls``'s (by default one for localhost
     signed by a CA of its own), serving ranges and honouring ``If-Match`` unless ``behaviour``
     says otherwise (``RANGES="off"``, ``IF_MATCH="off"``, ``ETAGS="weak"`` or ``"none"``,
-    ``SIGNED="GET"``: its variables).
+    ``HEAD="refused"``, ``SIGNED="GET"``: its variables).
     Its log (``root``/https.log) has a line for each GET: its path, ``Range`` and
     ``If-Match``."""
     directory = root / "www"

@@ -4,9 +4,9 @@
 Its key is the URL's file name. A large file comes down as the object stores' do: ranges in
 parallel, each asking for the version the server's ``HEAD`` named (``If-Match`` on its ETag),
 taken up where an earlier attempt stopped; a server that does not serve ranges sends it whole,
-in one stream. A URL presigned for GET only (S3's, GCS's: its ``HEAD`` is refused) is sized by
-a GET of its first byte. ``SSL_CERT_FILE`` names a private CA; the proxy variables are
-honoured.
+in one stream. A URL presigned for GET only (S3's, GCS's: its ``HEAD`` is refused), or a server
+that allows no ``HEAD``, is sized by a GET of its first byte. ``SSL_CERT_FILE`` names a private
+CA; the proxy variables are honoured.
 """
 
 from __future__ import annotations
@@ -29,10 +29,16 @@ from bt_agent.storage.engine import ENGINE_RETRIES, EngineStore, Proxies, Tuning
 _NO_RANGES = "Range request not supported"
 #: How the engine says the server's answer gave no size.
 _NO_LENGTH = "Content-Length Header missing"
+#: How the engine says the server refused the request's method (a HEAD, here).
+_NO_METHOD = "status code: 405"
 
 
 class RangesRefusedError(StoreError):
     """The server sends the file whole, whatever range is asked of it."""
+
+
+class HeadRefusedError(StoreError):
+    """The server answers no ``HEAD`` (405: the method is not allowed)."""
 
 
 class HTTPStore(EngineStore):
@@ -86,13 +92,14 @@ class HTTPStore(EngineStore):
 
     def _stat(self, key: str) -> ObjectInfo:
         """The server's ``HEAD``; where that is refused (a URL presigned for GET only, as S3's
-        and GCS's are), a GET of the first byte (or, from a server that serves no ranges, of
-        the file, let go of once its headers are in), whose answer gives its size and ETag."""
+        and GCS's are; a server that allows no HEAD), a GET of the first byte (or, from a server
+        that serves no ranges, of the file, let go of once its headers are in), whose answer
+        gives its size and ETag."""
         import obstore
 
         try:
             return super()._stat(key)
-        except AccessDeniedError:
+        except (AccessDeniedError, HeadRefusedError):
             pass  # a URL signed for GET, or a server that refuses the GET too (said below)
         get = partial(obstore.get, path=self._key(key))
         try:
@@ -104,6 +111,8 @@ class HTTPStore(EngineStore):
     def _error(self, exc: Exception, key: str) -> Exception:
         if _NO_RANGES in str(exc):
             return RangesRefusedError(f"{self.uri()}: the server does not serve ranges", self.uri())
+        if _NO_METHOD in str(exc):
+            return HeadRefusedError(f"{self.uri()}: the server allows no HEAD", self.uri())
         if _NO_LENGTH in str(exc):  # an answer no retry would change
             return StoreError(
                 f"{self.uri()}: the server gives no Content-Length (the file's size), which a "

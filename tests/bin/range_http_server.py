@@ -4,7 +4,7 @@
 Usage: range_http_server.py DIRECTORY PORT [CERTFILE KEYFILE]   (TLS when a cert is given)
 In its environment: RANGES=off, it sends every file whole, whatever range is asked;
 IF_MATCH=off, it ignores If-Match; ETAGS=weak, its ETags are weak (W/"...") and ETAGS=none,
-it gives none; SIGNED=GET, it
+it gives none; HEAD=refused, it answers a HEAD 405; SIGNED=GET, it
 serves only GETs whose query holds "signature=" (a URL presigned for GET: a HEAD is refused).
 """
 
@@ -20,6 +20,7 @@ RANGES = os.environ.get("RANGES") != "off"
 IF_MATCH = os.environ.get("IF_MATCH") != "off"
 ETAGS = os.environ.get("ETAGS", "strong")
 SIGNED = os.environ.get("SIGNED") == "GET"
+HEAD = os.environ.get("HEAD") != "refused"
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -63,6 +64,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         return 206, start, end
 
     def do_HEAD(self):
+        if not HEAD:
+            self.send_error(405)
+            return
         path = self._file()
         if path:
             size = path.stat().st_size
