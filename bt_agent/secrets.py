@@ -17,8 +17,9 @@ from typing import Any
 
 from bt_agent.errors import Problem
 from bt_agent.spec.models import SecretReference, TrainingJob
+from bt_agent.spec.urls import HIDDEN
 
-MASK = "***"
+MASK = HIDDEN  # what a URL's hidden parts are shown as too: one mask
 #: Parts of a value (its lines, the strings inside a JSON value) shorter than this are not
 #: masked on their own: too little of the secret to matter, and too common ("{", "true").
 MIN_FRAGMENT = 8

@@ -14,7 +14,7 @@ BUCKET_RULE = "only letters, digits, '.', '-' and '_'"
 #: A control character, which no object's name can hold.
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SPACE = re.compile(r"\s")
-#: What a URL's hidden parts are shown as (the mask of secret values in logs).
+#: What a URL's hidden parts are shown as (``bt_agent.secrets.MASK``: secret values' too).
 HIDDEN = "***"
 
 
