@@ -19,9 +19,9 @@ from bt_agent.errors import (
     StoreError,
     TransientStoreError,
 )
-from bt_agent.storage import http
 from bt_agent.storage.base import Fetched, HashingReader, ObjectInfo, ObjectStore, is_http_url
 from bt_agent.storage.keys import join_key, relative_key
+from bt_agent.storage.tls import tls_error
 
 MiB = 1024 * 1024
 GCS_ENDPOINT = "https://storage.googleapis.com"
@@ -144,7 +144,7 @@ class GCSStore(ObjectStore):
                 "check that its key is current (not deleted or disabled)",
                 uri,
             )
-        if refused := http.tls_error(exc, uri, self.endpoint, CA_VARIABLE):
+        if refused := tls_error(exc, uri, self.endpoint, CA_VARIABLE):
             return refused
         if isinstance(exc, DefaultCredentialsError):  # nothing to wait for
             said = exc.args[0] if exc.args and isinstance(exc.args[0], str) else ""

@@ -4,6 +4,10 @@
 The revision (branch, tag or commit) is resolved to its commit once, the first time it is needed,
 and everything after reads at that commit, so a branch that moves mid-staging cannot mix files
 of two commits. ``HF_ENDPOINT`` points at another Hub (a mirror, or olah in the tests).
+
+Files come down as huggingface_hub's own downloads fetch them: a file the Hub keeps in Xet
+storage through ``hf_xet`` (its chunks many at once, in Rust), any other in one stream that is
+taken up where it broke off; the file's metadata (a ``HEAD`` of its URL) says which.
 """
 
 from __future__ import annotations
@@ -13,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from bt_agent.errors import AccessDeniedError, NotFoundError, StoreError, TransientStoreError
-from bt_agent.storage import http
 from bt_agent.storage.base import Fetched, ObjectInfo, ObjectStore, is_http_url
 from bt_agent.storage.keys import check_key
+from bt_agent.storage.tls import tls_error
 
 HUB = "https://huggingface.co"  # where requests go without HF_ENDPOINT
+TIMEOUT_SECONDS = 60  # an answer that keeps silent this long is given up (and retried)
 
 
 class HFStore(ObjectStore):
@@ -114,7 +119,7 @@ class HFStore(ObjectStore):
             if status == 429 or status >= 500:
                 return TransientStoreError(f"{uri}: HTTP {status}", uri)
             return StoreError(f"{uri}: {exc}", uri)
-        if refused := http.tls_error(exc, uri, self.endpoint or HUB):
+        if refused := tls_error(exc, uri, self.endpoint or HUB):
             return refused
         if (
             isinstance(exc, OSError | ConnectionError | TimeoutError)
@@ -202,9 +207,53 @@ class HFStore(ObjectStore):
         return url, build_hf_headers(token=self.token or False)
 
     def _read_range(self, key: str, start: int, length: int) -> bytes:
+        from huggingface_hub import get_session, hf_raise_for_status
+
         url, headers = self._file_url(key)
-        return http.read_range(url, start, length, headers, uri=self.uri(key))
+        ranged = {**headers, "Range": f"bytes={start}-{start + length - 1}"}
+        try:
+            response = get_session().get(url, headers=ranged, timeout=TIMEOUT_SECONDS)
+            hf_raise_for_status(response)
+        except Exception as exc:
+            raise self._error(exc, key) from exc
+        data = bytes(response.content)
+        return data[start : start + length] if response.status_code == 200 else data
 
     def _download(self, key: str, target: Path, expected: ObjectInfo | None) -> Fetched:
+        """The file at the pinned commit into ``target``: from Xet storage where its metadata
+        says the Hub keeps it there (asked where ``hf_xet`` can read it), else in one stream."""
+        from huggingface_hub import get_hf_file_metadata
+        from huggingface_hub.file_download import http_get, xet_get
+
         url, headers = self._file_url(key)
-        return Fetched(None, http.download(url, target, headers, uri=self.uri(key)))
+        size = self._stat(key).size
+        try:
+            xet = (
+                get_hf_file_metadata(url, token=self.token or False, endpoint=self.endpoint)
+                if _xet_available()
+                else None
+            )
+            if xet is not None and xet.xet_file_data is not None:
+                xet_get(
+                    incomplete_path=target,
+                    xet_file_data=xet.xet_file_data,
+                    headers=headers,
+                    expected_size=size,
+                    displayed_filename=key,
+                )
+            else:
+                with open(target, "wb") as handle:
+                    http_get(url, handle, headers=headers, expected_size=size)
+        except Exception as exc:
+            raise self._error(exc, key) from exc
+        return Fetched()
+
+
+def _xet_available() -> bool:
+    """Whether Xet storage can be read: ``hf_xet`` installed, and ``HF_HUB_DISABLE_XET`` not
+    set (huggingface_hub's own test)."""
+    import importlib.util
+
+    from huggingface_hub import constants
+
+    return not constants.HF_HUB_DISABLE_XET and importlib.util.find_spec("hf_xet") is not None

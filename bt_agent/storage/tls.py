@@ -1,0 +1,56 @@
+"""The errors of TLS connections made by clients on the standard library's ``ssl`` (the Hugging
+Face Hub's, Google Cloud Storage's), told apart from outages: a certificate refused, or a server
+that speaks no TLS, is a clear error at once, never a wait.
+"""
+
+from __future__ import annotations
+
+import ssl
+from urllib.parse import urlparse
+
+from bt_agent.errors import StoreError
+from bt_agent.storage.base import Refusal, speaks_no_tls, untrusted_certificate
+
+#: OpenSSL's verification errors (``X509_V_ERR_*``) that another CA would not mend.
+_CERTIFICATE_KINDS: dict[int, Refusal] = {
+    9: "expired",
+    10: "expired",
+    62: "other-host",
+    64: "other-host",
+}
+#: What OpenSSL says of a first answer that is no TLS record (3.0 and 3.1; 3.2 and later).
+_NOT_TLS = ("wrong version number", "record layer failure")
+
+
+def tls_error(
+    exc: BaseException, uri: str, url: str = "", variable: str = "SSL_CERT_FILE"
+) -> StoreError | None:
+    """The error for a TLS connection to ``url`` (by default ``uri``) that no wait would mend,
+    where ``exc`` or what caused it says so: a certificate refused (what to do: ``variable``
+    trusts another CA in the client that refused it), or a server that speaks no TLS there."""
+    found = _ssl_cause(exc)
+    if found is None:
+        return None
+    where = f"https://{urlparse(url or uri).netloc}"
+    if isinstance(found, ssl.SSLCertVerificationError):
+        kind = _CERTIFICATE_KINDS.get(found.verify_code, "untrusted")
+        said = found.verify_message.rstrip(".")
+        return StoreError(f"{uri}: {untrusted_certificate(where, kind, said, variable)}", uri)
+    said = str(found.reason or found).lower().replace("_", " ")
+    if any(words in said for words in _NOT_TLS):
+        return StoreError(f"{uri}: {speaks_no_tls(where, said)}", uri)
+    return None
+
+
+def _ssl_cause(exc: BaseException) -> ssl.SSLError | None:
+    """The TLS error that ``exc`` is, or that caused it, if any."""
+    found: BaseException | None = exc
+    seen: set[int] = set()  # a chain of causes that turns back on itself ends there
+    while found is not None and not isinstance(found, ssl.SSLError):
+        seen.add(id(found))
+        reason = getattr(found, "reason", None)  # urllib's URLError, urllib3's MaxRetryError
+        found = (
+            reason if isinstance(reason, BaseException) else found.__cause__ or found.__context__
+        )
+        found = None if found is not None and id(found) in seen else found
+    return found
