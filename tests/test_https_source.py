@@ -5,6 +5,7 @@ error, never a mix of two files; the source is read-only."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import uuid
@@ -211,8 +212,8 @@ def test_a_url_presigned_for_get_only_is_read_without_a_head(
 
 def test_a_presigned_source_s_signature_is_never_shown(agent: Agent, tmp_path: Path) -> None:
     """A job staging a presigned ``https://`` file, and one whose file is gone: the plan line
-    and the error name the URL with its query's values hidden, in the agent's output, its log
-    and its node's record (the job's record keeps the spec as it was given)."""
+    and the error name the URL with its query's values hidden, in the agent's output, its log,
+    its node's record and the job's record (its copy of the spec)."""
     server = servers.static_https(tmp_path / "https", SIGNED="GET")
     signature = uuid.uuid4().hex
     query = f"?X-Amz-Credential=AKIA{signature[:8]}&X-Amz-Signature={signature}"
@@ -231,9 +232,12 @@ def test_a_presigned_source_s_signature_is_never_shown(agent: Agent, tmp_path: P
     assert shown in staged.err, staged.err
     assert failed.code == 3, failed.text
     assert server.url("gone.bin") + "?X-Amz-Credential=***" in failed.err, failed.err
-    kept = [path for path in agent.store.rglob("*") if path.is_file() and path.name != "job.json"]
+    kept = [path for path in agent.store.rglob("*") if path.is_file()]
     written = [path.read_bytes() for path in kept]
     assert any(path.suffix == ".log" for path in kept)
+    recorded = [json.loads(path.read_text()) for path in kept if path.name == "job.json"]
+    sources = {job["spec"]["training_job"]["weights"][0]["source"] for job in recorded}
+    assert sources == {shown, server.url("gone.bin") + "?X-Amz-Credential=***&X-Amz-Signature=***"}
     for text in [staged.text.encode(), failed.text.encode(), *written]:
         assert signature.encode() not in text and signature[:8].encode() not in text
 

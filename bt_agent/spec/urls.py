@@ -4,6 +4,7 @@ opened: the engine of object stores panics on some, and urllib raises on others.
 from __future__ import annotations
 
 import re
+from typing import Any
 from urllib.parse import urlsplit
 
 CLOUD_SCHEMES = ("s3://", "gs://", "azure://", "r2://", "cw://")
@@ -57,3 +58,19 @@ def shown_url(url: str) -> str:
     names = [field.partition("=")[0] for field in parts.query.split("&") if field]
     query = "&".join(f"{name}={HIDDEN}" for name in names)
     return parts._replace(netloc=netloc, query=query).geturl()
+
+
+def shown_spec(wire: dict[str, Any]) -> dict[str, Any]:
+    """``wire`` (a TrainingJob as given) as the job's record keeps it: each weights source as
+    :func:`shown_url` shows it (a presigned URL's signature grants access until it expires, and
+    the record outlives the job)."""
+    weights = wire.get("weights")
+    if not isinstance(weights, list):
+        return wire
+    shown = [
+        {**source, "source": shown_url(source["source"])}
+        if isinstance(source, dict) and isinstance(source.get("source"), str)
+        else source
+        for source in weights
+    ]
+    return {**wire, "weights": shown}

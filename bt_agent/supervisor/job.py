@@ -33,6 +33,7 @@ from bt_agent.log import AgentLog, counted, format_bytes
 from bt_agent.records import CommandResult, JobRecord, JobStatus, NodeRecord, now_iso
 from bt_agent.settings import DEFAULT_OUTAGE_SECONDS, STORE_OUTAGE_VARIABLE
 from bt_agent.spec.checks import shell_drops
+from bt_agent.spec.urls import shown_spec
 from bt_agent.storage.retry import retry_for
 from bt_agent.supervisor import tree
 from bt_agent.supervisor.checkpoints import CheckpointUploads
@@ -154,7 +155,7 @@ class JobRunner:
             job.name,
             now_iso(),
             job.compute.node_count,
-            {"training_job": self.plan.spec.wire},
+            {"training_job": shown_spec(self.plan.spec.wire)},
         )
         try:
             self._before_commands(lambda: self.catalog.create_job(record))
