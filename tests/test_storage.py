@@ -680,7 +680,7 @@ def test_hf_revisions_are_pinned(hf_server: servers.Olah, tmp_path: Path) -> Non
     assert [i.key for i in at("v1").list()] == ["config.json"]
     assert [i.key for i in at("main").list()] == ["config.json", "weights.bin"]
     assert at(first).read_bytes("config.json") == b'{"v": 1}'
-    assert at("main").pinned_url == f"hf://{repo}@{second}"
+    assert at("main").pinned_uri() == f"hf://{repo}@{second}"
     with pytest.raises(NotFoundError, match="revision 'nope'"):
         at("nope").list()
 

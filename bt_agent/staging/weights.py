@@ -43,7 +43,6 @@ from bt_agent.staging.patterns import anywhere, left_in_subdirectories, selected
 from bt_agent.staging.progress import Progress
 from bt_agent.storage import ObjectInfo, ObjectStore, open_store
 from bt_agent.storage.base import Wanted
-from bt_agent.storage.hf import HFStore
 from bt_agent.storage.keys import check_key
 from bt_agent.storage.retry import OutageWait
 from bt_agent.storage.transfer import FETCH_WORKERS, each
@@ -139,7 +138,7 @@ def plan_source(
         pinned = store.uri(only)
     else:
         objects = store.list()
-        pinned = store.pinned_url if isinstance(store, HFStore) else store.uri()
+        pinned = store.pinned_uri()
     files = [
         PlannedFile(check_key(info.key), info, _entry(store, info))
         for info in objects

@@ -354,6 +354,11 @@ class ObjectStore(ABC):
     def uri(self, key: str = "") -> str:
         return join_key(self.url.rstrip("/"), key) if key else self.url
 
+    def pinned_uri(self) -> str:
+        """The source as its listing reads it: by default :meth:`uri`; a store of revisions
+        names the one it pinned (``hf://owner/repo@<commit>``)."""
+        return self.uri()
+
     def identity(self, info: ObjectInfo) -> str:
         """What, with its key, version and size, names the content of the object ``info``
         lists (a node cache's entry): by default the store's URL."""

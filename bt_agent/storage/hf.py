@@ -149,8 +149,7 @@ class HFStore(ObjectStore):
         kind = "" if self.repo_type == "model" else f"{self.repo_type}s/"
         return f"hf://{kind}{self.repo_id}"
 
-    @property
-    def pinned_url(self) -> str:
+    def pinned_uri(self) -> str:
         return f"{self.repository}@{self.commit}"
 
     def identity(self, info: ObjectInfo) -> str:
