@@ -685,6 +685,26 @@ def test_hf_revisions_are_pinned(hf_server: servers.Olah, tmp_path: Path) -> Non
         at("nope").list()
 
 
+def test_a_hub_file_outside_lfs_comes_in_one_request(
+    hf_server: servers.Olah, tmp_path: Path
+) -> None:
+    """A file the Hub keeps in git, not LFS (so never in Xet storage), is fetched by one GET,
+    no metadata HEAD before it: the Hub counts every request for a file against its rate
+    limits, and a dataset may hold thousands of such files."""
+    repo = f"org/plain-{uuid.uuid4().hex[:6]}"
+    commit = servers.hf_repo(hf_server.mirrors, repo, {"config.json": b'{"v": 1}'})
+    store = open_store(f"hf://{repo}@{commit}", Environ({"HF_ENDPOINT": hf_server.endpoint}))
+    store.download("config.json", tmp_path / "config.json")
+    assert (tmp_path / "config.json").read_bytes() == b'{"v": 1}'
+    asked: list[str] = []
+    deadline = time.monotonic() + 5  # the server logs a request once it has answered it
+    while "GET" not in asked and time.monotonic() < deadline:
+        log = hf_server.log.read_text().splitlines()
+        asked = [line.split('"')[1].split()[0] for line in log if f"/{repo}/resolve/" in line]
+        time.sleep(0.05)
+    assert asked == ["GET"]
+
+
 def test_a_hub_repository_not_found_says_which_secret_would_give_access(
     hf_server: servers.Olah,
 ) -> None:

@@ -220,16 +220,19 @@ class HFStore(ObjectStore):
 
     def _download(self, key: str, target: Path, expected: ObjectInfo | None) -> Fetched:
         """The file at the pinned commit into ``target``: from Xet storage where its metadata
-        says the Hub keeps it there (asked where ``hf_xet`` can read it), else in one stream."""
+        says the Hub keeps it there, else in one stream. Only a file the Hub keeps in LFS (its
+        listing gives its sha256) can be in Xet storage: the metadata (a ``HEAD``, a request
+        the Hub counts against its rate limits like the download) is asked of those alone, and
+        only where ``hf_xet`` can read them."""
         from huggingface_hub import get_hf_file_metadata
         from huggingface_hub.file_download import http_get, xet_get
 
         url, headers = self._file_url(key)
-        size = self._stat(key).size
+        info = self._stat(key)
         try:
             xet = (
                 get_hf_file_metadata(url, token=self.token or False, endpoint=self.endpoint)
-                if _xet_available()
+                if info.sha256 and _xet_available()
                 else None
             )
             if xet is not None and xet.xet_file_data is not None:
@@ -237,12 +240,12 @@ class HFStore(ObjectStore):
                     incomplete_path=target,
                     xet_file_data=xet.xet_file_data,
                     headers=headers,
-                    expected_size=size,
+                    expected_size=info.size,
                     displayed_filename=key,
                 )
             else:
                 with open(target, "wb") as handle:
-                    http_get(url, handle, headers=headers, expected_size=size)
+                    http_get(url, handle, headers=headers, expected_size=info.size)
         except Exception as exc:
             raise self._error(exc, key) from exc
         return Fetched()
