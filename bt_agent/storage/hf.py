@@ -7,7 +7,8 @@ of two commits. ``HF_ENDPOINT`` points at another Hub (a mirror, or olah in the 
 
 Files come down as huggingface_hub's own downloads fetch them: a file the Hub keeps in Xet
 storage through ``hf_xet`` (its chunks many at once, in Rust), any other in one stream that is
-taken up where it broke off; the file's metadata (a ``HEAD`` of its URL) says which.
+taken up where it broke off; for a file kept in LFS (only those can be in Xet storage), its
+metadata (a ``HEAD`` of its URL) says which.
 """
 
 from __future__ import annotations
