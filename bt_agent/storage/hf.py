@@ -193,7 +193,8 @@ class HFStore(ObjectStore):
         return info
 
     def _file_url(self, key: str) -> tuple[str, dict[str, str]]:
-        self._stat(key)  # a missing file is NotFoundError before any download request
+        """The URL of ``key`` at the pinned commit, and the headers of a request for it (the
+        caller has looked it up: a missing file is NotFoundError before any request)."""
         from huggingface_hub import hf_hub_url
         from huggingface_hub.utils._headers import build_hf_headers
 
@@ -209,6 +210,7 @@ class HFStore(ObjectStore):
     def _read_range(self, key: str, start: int, length: int) -> bytes:
         from huggingface_hub import get_session, hf_raise_for_status
 
+        self._stat(key)
         url, headers = self._file_url(key)
         ranged = {**headers, "Range": f"bytes={start}-{start + length - 1}"}
         try:
@@ -228,8 +230,8 @@ class HFStore(ObjectStore):
         from huggingface_hub import get_hf_file_metadata
         from huggingface_hub.file_download import http_get, xet_get
 
-        url, headers = self._file_url(key)
         info = self._stat(key)
+        url, headers = self._file_url(key)
         try:
             xet = (
                 get_hf_file_metadata(url, token=self.token or False, endpoint=self.endpoint)
