@@ -6,6 +6,10 @@ standard variables (``AZURE_STORAGE_CONNECTION_STRING``, ``AZURE_STORAGE_ACCOUNT
 ``AZURE_STORAGE_SAS_TOKEN``), else what the engine finds itself (a workload or managed
 identity). A connection string's ``BlobEndpoint`` (Azurite's, a private endpoint) is where
 requests go.
+
+Uploads carry no checksum the service verifies (the engine sends no ``Content-MD5``): the
+sha256 each upload computes is checked where the object is read back (its metadata, up to the
+part size; a checkpoint manifest's, as a checkpoint loads).
 """
 
 from __future__ import annotations
