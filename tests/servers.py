@@ -8,6 +8,7 @@ server fails the test with the command that installs it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -412,23 +413,46 @@ def git(repo: Path, *args: str) -> str:
 
 
 def hf_repo(
-    mirrors: Path, repo_id: str, files: dict[str, bytes], branch: str = "main", kind: str = "models"
+    mirrors: Path,
+    repo_id: str,
+    files: dict[str, bytes],
+    branch: str = "main",
+    kind: str = "models",
+    lfs: dict[str, bytes] | None = None,
 ) -> str:
     """Commit ``files`` to a git repository olah serves as ``repo_id`` (of ``kind``: models or
-    datasets); return the commit."""
+    datasets), and ``lfs`` as the Hub keeps large files: a Git LFS pointer committed, the content
+    where git-lfs keeps it (:func:`lfs_object`; olah serves it from there, and lists the file
+    with its sha256, as the Hub does). Return the commit."""
     require("git", "apt-get install git")
     path = mirrors / kind / repo_id
     if not (path / ".git").exists():
         path.mkdir(parents=True)
         git(path, "init", "-q", "-b", "main")
     git(path, "checkout", "-q", "-B", branch)
-    for name, data in files.items():
+    pointers = {name: _lfs_pointer(path, data) for name, data in (lfs or {}).items()}
+    for name, data in {**files, **pointers}.items():
         target = path / name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
     git(path, "add", "-A")
     git(path, "commit", "-q", "--allow-empty", "-m", f"files on {branch}")
     return git(path, "rev-parse", "HEAD")
+
+
+def lfs_object(repo: Path, sha256: str) -> Path:
+    """Where git-lfs keeps the content of sha256 ``sha256`` in the repository ``repo``."""
+    return repo / ".git" / "lfs" / "objects" / sha256[:2] / sha256[2:4] / sha256
+
+
+def _lfs_pointer(repo: Path, data: bytes) -> bytes:
+    """``data`` kept as git-lfs keeps it in ``repo``; the pointer that names it."""
+    sha256 = hashlib.sha256(data).hexdigest()
+    stored = lfs_object(repo, sha256)
+    stored.parent.mkdir(parents=True, exist_ok=True)
+    stored.write_bytes(data)
+    pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {len(data)}\n"
+    return pointer.encode()
 
 
 @dataclass

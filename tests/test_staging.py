@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import io
 import json
 import os
@@ -92,12 +93,8 @@ def test_job_reads_hf_and_s3_mounts(
     agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
 ) -> None:
     repo = f"org/tiny-{uuid.uuid4().hex[:6]}"
-    model = {
-        "config.json": b'{"hidden": 8}\n',
-        "model.safetensors": b"w" * 5000,
-        "README.md": b"# card",
-    }
-    servers.hf_repo(hf_server.mirrors, repo, model)
+    model = {"config.json": b'{"hidden": 8}\n', "README.md": b"# card"}
+    servers.hf_repo(hf_server.mirrors, repo, model, lfs={"model.safetensors": b"w" * 5000})
     data_url = _seed_s3(s3_server, {"train/0.jsonl": b'{"x": 1}\n', "train/1.jsonl": b"{}\n"})
     weights = [
         {
@@ -310,6 +307,25 @@ def test_patterns_that_stop_at_a_slash_say_what_they_leave_in_subdirectories(
         "; * stops at /: ['**/*.safetensors'] would take 2 files in subdirectories (such as "
         "unet/diffusion_pytorch_model.safetensors)"
     )
+
+
+def test_a_damaged_hub_file_fails_staging_and_is_never_mounted(
+    agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
+) -> None:
+    """The Hub's content of an LFS file that does not match the sha256 its listing gives: the
+    job is DEPLOY_FAILED, saying so, and neither the node cache nor the mount holds the file."""
+    repo = f"org/damaged-{uuid.uuid4().hex[:6]}"
+    weights = b"w" * 5000
+    servers.hf_repo(hf_server.mirrors, repo, {}, lfs={"model.safetensors": weights})
+    sha256 = hashlib.sha256(weights).hexdigest()
+    servers.lfs_object(hf_server.mirrors / "models" / repo, sha256).write_bytes(b"x" * 5000)
+    job = _job([{"source": f"hf://{repo}@main", "mount_location": "/app/m"}], "true")
+    result = agent.run_job(job, env=_env(agent, s3_server, hf_server))
+    assert result.code == 3, result.text
+    assert f"does not match {sha256}" in result.err
+    assert not (agent.node_root / "app/m/model.safetensors").exists()
+    cached = [path.name for path in agent.node_root.rglob("*") if path.is_file()]
+    assert not any(sha256 in name or name == "model.safetensors" for name in cached), cached
 
 
 def test_unknown_hf_revision_is_deploy_failed(

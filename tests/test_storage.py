@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib.util
 import json
 import os
 import signal
@@ -696,13 +697,62 @@ def test_a_hub_file_outside_lfs_comes_in_one_request(
     store = open_store(f"hf://{repo}@{commit}", Environ({"HF_ENDPOINT": hf_server.endpoint}))
     store.download("config.json", tmp_path / "config.json")
     assert (tmp_path / "config.json").read_bytes() == b'{"v": 1}'
+    assert _file_requests(hf_server, repo) == ["GET"]
+
+
+def _file_requests(hub: servers.Olah, repo: str) -> list[str]:
+    """The methods of the requests for ``repo``'s files that ``hub`` logged, up to its first
+    GET (it logs a request once it has answered it)."""
     asked: list[str] = []
-    deadline = time.monotonic() + 5  # the server logs a request once it has answered it
+    deadline = time.monotonic() + 5
     while "GET" not in asked and time.monotonic() < deadline:
-        log = hf_server.log.read_text().splitlines()
+        log = hub.log.read_text().splitlines()
         asked = [line.split('"')[1].split()[0] for line in log if f"/{repo}/resolve/" in line]
         time.sleep(0.05)
-    assert asked == ["GET"]
+    return asked
+
+
+@pytest.mark.parametrize("xet_disabled", [False, True])
+def test_a_hub_file_in_lfs_is_listed_with_its_sha256_and_asked_where_it_is_kept(
+    hf_server: servers.Olah, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, xet_disabled: bool
+) -> None:
+    """A file the Hub keeps in LFS is listed with its sha256, which its download is checked
+    against; its metadata (a HEAD) is asked first, as it may be in Xet storage, unless Xet
+    storage cannot be read (``HF_HUB_DISABLE_XET``, or no ``hf_xet``). olah keeps no file in
+    Xet storage: the metadata says so, and the file comes by GET."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", xet_disabled)
+    repo = f"org/lfs-{uuid.uuid4().hex[:6]}"
+    weights = os.urandom(300_000)
+    commit = servers.hf_repo(
+        hf_server.mirrors, repo, {"config.json": b"{}"}, lfs={"model.safetensors": weights}
+    )
+    store = open_store(f"hf://{repo}@{commit}", Environ({"HF_ENDPOINT": hf_server.endpoint}))
+    info = store.stat("model.safetensors")
+    assert (info.size, info.sha256) == (len(weights), hashlib.sha256(weights).hexdigest())
+    store.download("model.safetensors", tmp_path / "model.safetensors", info)
+    assert (tmp_path / "model.safetensors").read_bytes() == weights
+    xet_readable = importlib.util.find_spec("hf_xet") is not None and not xet_disabled
+    assert _file_requests(hf_server, repo) == (["HEAD", "GET"] if xet_readable else ["GET"])
+
+
+def test_a_hub_file_in_lfs_that_does_not_match_its_sha256_is_refused(
+    hf_server: servers.Olah, tmp_path: Path
+) -> None:
+    """The Hub's content of an LFS file, damaged (of the listed size, a byte changed): the
+    download fails on its sha256 and leaves nothing at the destination."""
+    repo = f"org/damaged-{uuid.uuid4().hex[:6]}"
+    weights = os.urandom(200_000)
+    commit = servers.hf_repo(hf_server.mirrors, repo, {}, lfs={"model.safetensors": weights})
+    sha256 = hashlib.sha256(weights).hexdigest()
+    damaged = bytearray(weights)
+    damaged[1000] ^= 0xFF
+    servers.lfs_object(hf_server.mirrors / "models" / repo, sha256).write_bytes(damaged)
+    store = open_store(f"hf://{repo}@{commit}", Environ({"HF_ENDPOINT": hf_server.endpoint}))
+    with pytest.raises(IntegrityError, match=f"does not match {sha256}"):
+        store.download("model.safetensors", tmp_path / "model.safetensors")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_hub_repository_not_found_says_which_secret_would_give_access(

@@ -226,7 +226,8 @@ class HFStore(ObjectStore):
         says the Hub keeps it there, else in one stream. Only a file the Hub keeps in LFS (its
         listing gives its sha256) can be in Xet storage: the metadata (a ``HEAD``, a request
         the Hub counts against its rate limits like the download) is asked of those alone, and
-        only where ``hf_xet`` can read them."""
+        only where ``hf_xet`` can read them. The listing's sha256 is what the file claims: the
+        download is checked against it."""
         from huggingface_hub import get_hf_file_metadata
         from huggingface_hub.file_download import http_get, xet_get
 
@@ -251,7 +252,7 @@ class HFStore(ObjectStore):
                     http_get(url, handle, headers=headers, expected_size=info.size)
         except Exception as exc:
             raise self._error(exc, key) from exc
-        return Fetched()
+        return Fetched(claimed_sha256=info.sha256, version=info.version)
 
 
 def _xet_available() -> bool:
