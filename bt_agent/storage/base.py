@@ -469,7 +469,9 @@ class ObjectStore(ABC):
         actual = actual_sha256()
         if actual != wanted:
             raise IntegrityError(
-                f"{self.uri(key)}: sha256 {actual} does not match {wanted}", self.uri(key)
+                f"{self.uri(key)}: sha256 {actual} does not match {wanted}, the one the source "
+                "gives for it: its copy, or what came of it, is damaged (nothing of it was kept)",
+                self.uri(key),
             )
 
     def check_version(self, key: str, expected: ObjectInfo | None, found: str | None) -> None:
