@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import servers
@@ -700,12 +701,12 @@ def test_a_hub_file_outside_lfs_comes_in_one_request(
     assert _file_requests(hf_server, repo) == ["GET"]
 
 
-def _file_requests(hub: servers.Olah, repo: str) -> list[str]:
-    """The methods of the requests for ``repo``'s files that ``hub`` logged, up to its first
-    GET (it logs a request once it has answered it)."""
+def _file_requests(hub: servers.Olah, repo: str, last: str = "GET") -> list[str]:
+    """The methods of the requests for ``repo``'s files that ``hub`` logged, once one of them is
+    ``last`` (it logs a request once it has answered it)."""
     asked: list[str] = []
     deadline = time.monotonic() + 5
-    while "GET" not in asked and time.monotonic() < deadline:
+    while last not in asked and time.monotonic() < deadline:
         log = hub.log.read_text().splitlines()
         asked = [line.split('"')[1].split()[0] for line in log if f"/{repo}/resolve/" in line]
         time.sleep(0.05)
@@ -735,6 +736,55 @@ def test_a_hub_file_in_lfs_is_listed_with_its_sha256_and_asked_where_it_is_kept(
     assert (tmp_path / "model.safetensors").read_bytes() == weights
     xet_readable = importlib.util.find_spec("hf_xet") is not None and not xet_disabled
     assert _file_requests(hf_server, repo) == (["HEAD", "GET"] if xet_readable else ["GET"])
+
+
+@pytest.mark.parametrize("damaged", [False, True])
+def test_a_hub_file_in_xet_storage_comes_through_hf_xet(
+    hf_server: servers.Olah, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damaged: bool
+) -> None:
+    """A file the Hub keeps in Xet storage comes through huggingface_hub's ``xet_get``, as
+    ``hf download`` fetches it, into the partial file, and is checked against the listing's
+    sha256. Stand-ins, as no Xet server can run here: the metadata is olah's own (asked by its
+    HEAD) with the Xet fields the Hub adds for such a file, and ``xet_get`` is a stand-in with
+    the installed huggingface_hub's signature that writes the file's content (or a damaged
+    copy), so a call the library would refuse fails here too."""
+    import dataclasses
+    from unittest import mock
+
+    import huggingface_hub
+    from huggingface_hub import file_download
+    from huggingface_hub.utils import XetFileData
+
+    if importlib.util.find_spec("hf_xet") is None:
+        pytest.fail("hf_xet is missing: pip install 'huggingface_hub>=0.32' (it installs hf_xet)")
+    repo = f"org/xet-{uuid.uuid4().hex[:6]}"
+    weights = os.urandom(100_000)
+    commit = servers.hf_repo(hf_server.mirrors, repo, {}, lfs={"model.safetensors": weights})
+    metadata = huggingface_hub.get_hf_file_metadata
+    in_xet = XetFileData(file_hash="0" * 64, refresh_route=f"/api/models/{repo}/xet-read-token")
+
+    def with_xet(*args: Any, **kwargs: Any) -> Any:
+        return dataclasses.replace(metadata(*args, **kwargs), xet_file_data=in_xet)
+
+    def written(*, incomplete_path: Path, **_: Any) -> None:
+        Path(incomplete_path).write_bytes(b"x" * len(weights) if damaged else weights)
+
+    xet_get = mock.create_autospec(file_download.xet_get, side_effect=written)
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", with_xet)
+    monkeypatch.setattr(file_download, "xet_get", xet_get)
+    store = open_store(f"hf://{repo}@{commit}", Environ({"HF_ENDPOINT": hf_server.endpoint}))
+    destination = tmp_path / "model.safetensors"
+    if damaged:
+        with pytest.raises(IntegrityError, match="does not match"):
+            store.download("model.safetensors", destination)
+        assert list(tmp_path.iterdir()) == []
+    else:
+        store.download("model.safetensors", destination)
+        assert destination.read_bytes() == weights
+    call = xet_get.call_args.kwargs
+    assert call["xet_file_data"] is in_xet and call["expected_size"] == len(weights)
+    assert Path(call["incomplete_path"]).parent == tmp_path
+    assert _file_requests(hf_server, repo, last="HEAD") == ["HEAD"]  # its bytes: from Xet
 
 
 def test_a_hub_file_in_lfs_that_does_not_match_its_sha256_is_refused(
