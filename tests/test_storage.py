@@ -173,7 +173,8 @@ def _azure(server: servers.Azurite) -> Backend:
 def _hf(server: servers.Olah, request: pytest.FixtureRequest) -> Backend:
     """olah; over https, its CA trusted as huggingface_hub's client trusts one (``SSL_CERT_FILE``,
     read from the process's environment when the library makes its client, which it keeps: so
-    the client is made again for the test, and after it)."""
+    the client is made again for the test, and after it). Files of 1 KiB and more are kept in
+    LFS, as a repository's weights are on the Hub (listed with their sha256)."""
     repo = f"org/model-{uuid.uuid4().hex[:8]}"
     environ = Environ({"HF_ENDPOINT": server.endpoint})
     if server.tls:
@@ -186,7 +187,15 @@ def _hf(server: servers.Olah, request: pytest.FixtureRequest) -> Backend:
     return Backend(
         "hf-tls" if server.tls else "hf",
         lambda: open_store(f"hf://{repo}", environ),
-        lambda files: servers.hf_repo(server.mirrors, repo, files) and None,
+        lambda files: (
+            servers.hf_repo(
+                server.mirrors,
+                repo,
+                {key: data for key, data in files.items() if len(data) < 1024},
+                lfs={key: data for key, data in files.items() if len(data) >= 1024},
+            )
+            and None
+        ),
     )
 
 
