@@ -756,7 +756,8 @@ def test_a_hub_file_in_xet_storage_comes_through_hf_xet(
     sha256. Stand-ins, as no Xet server can run here: the metadata is olah's own (asked by its
     HEAD) with the Xet fields the Hub adds for such a file, and ``xet_get`` is a stand-in with
     the installed huggingface_hub's signature that writes the file's content (or a damaged
-    copy), so a call the library would refuse fails here too."""
+    copy), so a call the library would refuse fails here too. The spec's token goes with it:
+    Xet storage's reads are authorised by it."""
     import dataclasses
     from unittest import mock
 
@@ -781,7 +782,8 @@ def test_a_hub_file_in_xet_storage_comes_through_hf_xet(
     xet_get = mock.create_autospec(file_download.xet_get, side_effect=written)
     monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", with_xet)
     monkeypatch.setattr(file_download, "xet_get", xet_get)
-    store = open_store(f"hf://{repo}@{commit}", Environ({"HF_ENDPOINT": hf_server.endpoint}))
+    environ = Environ({"HF_ENDPOINT": hf_server.endpoint})
+    store = open_store(f"hf://{repo}@{commit}", environ, "hf_token_of_the_spec", "hf_access_token")
     destination = tmp_path / "model.safetensors"
     if damaged:
         with pytest.raises(IntegrityError, match="does not match"):
@@ -792,6 +794,7 @@ def test_a_hub_file_in_xet_storage_comes_through_hf_xet(
         assert destination.read_bytes() == weights
     call = xet_get.call_args.kwargs
     assert call["xet_file_data"] is in_xet and call["expected_size"] == len(weights)
+    assert call["headers"]["authorization"] == "Bearer hf_token_of_the_spec"
     assert Path(call["incomplete_path"]).parent == tmp_path
     assert _file_requests(hf_server, repo, last="HEAD") == ["HEAD"]  # its bytes: from Xet
 
