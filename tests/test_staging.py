@@ -26,7 +26,7 @@ from http_proxy import ForwardProxy
 
 from bt_agent.errors import StagingError, UnsafeKeyError
 from bt_agent.log import AgentLog
-from bt_agent.settings import Environ, parse_size
+from bt_agent.settings import NODE_CACHE_CONTAINER_DIR, Environ, parse_size
 from bt_agent.spec.models import WeightsSource
 from bt_agent.staging.cache import NodeCache, entry_id
 from bt_agent.staging.patterns import selected
@@ -324,8 +324,9 @@ def test_a_damaged_hub_file_fails_staging_and_is_never_mounted(
     assert result.code == 3, result.text
     assert f"does not match {sha256}" in result.err
     assert not (agent.node_root / "app/m/model.safetensors").exists()
-    cached = [path.name for path in agent.node_root.rglob("*") if path.is_file()]
-    assert not any(sha256 in name or name == "model.safetensors" for name in cached), cached
+    objects = agent.node_root / NODE_CACHE_CONTAINER_DIR.lstrip("/") / "objects"
+    assert objects.is_dir(), "the node cache is under the node root"
+    assert [path for path in objects.rglob("*") if path.is_file()] == []
 
 
 def test_unknown_hf_revision_is_deploy_failed(

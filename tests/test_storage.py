@@ -766,7 +766,7 @@ def test_a_hub_file_in_xet_storage_comes_through_hf_xet(
     from huggingface_hub.utils import XetFileData
 
     if importlib.util.find_spec("hf_xet") is None:
-        pytest.fail("hf_xet is missing: pip install 'huggingface_hub>=0.32' (it installs hf_xet)")
+        pytest.fail("hf_xet is missing: pip install 'hf_xet>=1.3'")
     repo = f"org/xet-{uuid.uuid4().hex[:6]}"
     weights = os.urandom(100_000)
     commit = servers.hf_repo(hf_server.mirrors, repo, {}, lfs={"model.safetensors": weights})
