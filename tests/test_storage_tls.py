@@ -122,19 +122,31 @@ def test_a_ca_bundle_that_holds_no_certificate_names_the_variable(
     assert f"AWS_CA_BUNDLE={bundle} holds no PEM certificate" in message, message
 
 
+#: The ways a shared config file names S3's endpoint for a profile: its own ``endpoint_url``;
+#: a ``services`` section (AWS's service-specific form, which botocore reads first); an ``s3``
+#: subsection of the profile (the form of the AWS CLI's endpoint plugin).
+ENDPOINT_FORMS = {
+    "profile": "endpoint_url = {endpoint}\n",
+    "services": "services = local\n[services local]\ns3 =\n  endpoint_url = {endpoint}\n",
+    "s3-section": "s3 =\n  endpoint_url = {endpoint}\n",
+}
+
+
+@pytest.mark.parametrize("form", list(ENDPOINT_FORMS))
 def test_a_profile_gives_the_endpoint_and_the_keys(
-    s3_server: servers.SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    s3_server: servers.SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: str
 ) -> None:
     """No key in the environment: botocore's chain reads the profile of AWS_PROFILE in a
-    shared config file (its endpoint_url, region and ca_bundle) and its credentials file."""
+    shared config file (its endpoint, in each form, region and ca_bundle) and its credentials
+    file."""
     assert s3_server.certificates is not None
     bucket = _bucket(s3_server)  # by the test's own client, before the profile is set
     config, credentials = tmp_path / "config", tmp_path / "credentials"
     config.write_text(
         "[profile staging]\n"
         "region = us-east-1\n"
-        f"endpoint_url = {s3_server.https_endpoint}\n"
         f"ca_bundle = {s3_server.certificates.ca}\n"
+        + ENDPOINT_FORMS[form].format(endpoint=s3_server.https_endpoint)
     )
     credentials.write_text(
         "[staging]\n"
@@ -152,6 +164,53 @@ def test_a_profile_gives_the_endpoint_and_the_keys(
     assert store.read_bytes("model.bin") == b"weights"
     monkeypatch.delenv("AWS_PROFILE")
     assert not _absent(s3_server, bucket)
+
+
+def test_the_s3_endpoint_variable_comes_before_the_global_one(
+    s3_server: servers.SeaweedFS,
+) -> None:
+    """``AWS_ENDPOINT_URL_S3`` names S3's endpoint over ``AWS_ENDPOINT_URL`` (another service's,
+    here nothing at all), as botocore reads them."""
+    assert s3_server.certificates is not None
+    bucket = _bucket(s3_server)
+    environ = Environ(
+        {
+            "AWS_ENDPOINT_URL_S3": s3_server.https_endpoint,
+            "AWS_ENDPOINT_URL": "https://127.0.0.1:9",
+            "AWS_CA_BUNDLE": str(s3_server.certificates.ca),
+        }
+    )
+    store = open_store(f"s3://{bucket}/p", environ, SECRET, "creds")
+    assert store.write_bytes("model.bin", b"weights")
+    assert store.read_bytes("model.bin") == b"weights"
+
+
+def test_configured_endpoints_are_ignored_where_the_setting_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS``: neither the variables' endpoints nor the
+    profile's are taken, and requests go to AWS's own (the engine's, for the region: no
+    request is made here)."""
+    config = tmp_path / "config"
+    config.write_text(
+        "[profile local]\nregion = eu-west-1\n"
+        + ENDPOINT_FORMS["services"].format(endpoint="http://127.0.0.1:9")
+    )
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_PROFILE", "local")
+    variables = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_PROFILE": "local"}
+    for ignored in (False, True):
+        setting = {"AWS_IGNORE_CONFIGURED_ENDPOINT_URLS": "true"} if ignored else {}
+        for name, value in setting.items():
+            monkeypatch.setenv(name, value)
+        with_variables = open_store("s3://bucket/p", Environ({**variables, **setting}), SECRET, "c")
+        from_profile = open_store("s3://bucket/p", Environ({**setting, "AWS_PROFILE": "local"}))
+        for store in (with_variables, from_profile):
+            assert isinstance(store, S3Store)
+            endpoint = store.engine.config.get("endpoint")
+            assert endpoint == (None if ignored else "http://127.0.0.1:9"), (ignored, store)
 
 
 def test_credentials_that_expire_are_asked_for_again(

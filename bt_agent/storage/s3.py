@@ -304,11 +304,18 @@ class _BotocoreChain:
         return found
 
     def endpoint_url(self) -> str | None:
-        """A profile's ``endpoint_url`` (its ``s3`` services section first)."""
+        """The shared config's endpoint of S3 for the profile, as botocore finds it: the ``s3``
+        subsection of the ``services`` section the profile names, else the profile's own
+        ``endpoint_url`` (an ``s3`` subsection of the profile first, the form of the AWS CLI's
+        endpoint plugin); none where ``ignore_configured_endpoint_urls`` is set."""
+        if self.flag("ignore_configured_endpoint_urls"):
+            return None
         scoped = self.session.get_scoped_config()
-        service = scoped.get("s3")
-        if isinstance(service, dict) and service.get("endpoint_url"):
-            return str(service["endpoint_url"])
+        sections = self.session.full_config.get("services", {})
+        named = sections.get(scoped.get("services"), {})
+        for service in (named.get("s3"), scoped.get("s3")):
+            if isinstance(service, dict) and service.get("endpoint_url"):
+                return str(service["endpoint_url"])
         endpoint = scoped.get("endpoint_url")
         return str(endpoint) if endpoint else None
 
