@@ -10,6 +10,7 @@ of a test CA).
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import importlib.util
 import json
@@ -1266,6 +1267,23 @@ def test_azure_without_credentials_says_where_they_come_from(
     message = str(caught.value)
     assert "no credentials: the machine's managed identity gave none" in message, message
     assert "or set AZURE_STORAGE_CONNECTION_STRING" in message and time.monotonic() - started < 10
+
+
+def test_azure_account_key_from_either_variable() -> None:
+    """The account key of ``AZURE_STORAGE_ACCOUNT_KEY`` (the engine's name) or, where that is
+    unset, ``AZURE_STORAGE_KEY`` (the Azure CLI's); a value that is no key is an error naming
+    the variable that held it, never the value."""
+    key, other = base64.b64encode(b"k" * 64).decode(), base64.b64encode(b"o" * 64).decode()
+    url = "azure://account/models/p"
+    for given, used in (
+        ({"AZURE_STORAGE_KEY": key}, key),
+        ({"AZURE_STORAGE_ACCOUNT_KEY": other, "AZURE_STORAGE_KEY": key}, other),
+    ):
+        store = open_store(url, Environ(given))
+        assert isinstance(store, AzureStore) and store.credentials.account_key == used
+    with pytest.raises(AccessDeniedError, match=r"^AZURE_STORAGE_KEY is neither") as caught:
+        open_store(url, Environ({"AZURE_STORAGE_KEY": "not-a-key!"}))
+    assert "not-a-key" not in str(caught.value)
 
 
 def test_gcs_emulator_host_as_host_and_port(gcs_server: servers.FakeGCS) -> None:

@@ -2,10 +2,10 @@
 (:mod:`bt_agent.storage.engine`).
 
 Credentials: the spec's secret (a connection string, a SAS token or the account key), else the
-standard variables (``AZURE_STORAGE_CONNECTION_STRING``, ``AZURE_STORAGE_ACCOUNT_KEY``,
-``AZURE_STORAGE_SAS_TOKEN``), else what the engine finds itself (a workload or managed
-identity). A connection string's ``BlobEndpoint`` (Azurite's, a private endpoint) is where
-requests go.
+standard variables (``AZURE_STORAGE_CONNECTION_STRING``, ``AZURE_STORAGE_ACCOUNT_KEY`` or the
+Azure CLI's ``AZURE_STORAGE_KEY``, ``AZURE_STORAGE_SAS_TOKEN``), else what the engine finds
+itself (a workload or managed identity). A connection string's ``BlobEndpoint`` (Azurite's, a
+private endpoint) is where requests go.
 
 Uploads carry no checksum the service verifies (the engine sends no ``Content-MD5``): the
 sha256 each upload computes is checked where the object is read back (its metadata, up to the

@@ -170,15 +170,16 @@ def _azure(url: str, environ: Environ, secret: str | None, secret_name: str) -> 
 
 
 def _azure_environment(environ: Environ) -> AzureCredentials:
-    """The standard variables of Azure's tools."""
+    """The standard variables of Azure's tools: the account key as the engine's own name
+    (``AZURE_STORAGE_ACCOUNT_KEY``) or the Azure CLI's (``AZURE_STORAGE_KEY``) has it."""
     connection = environ.get("AZURE_STORAGE_CONNECTION_STRING")
     if connection:
         return azure_connection_string(connection, "AZURE_STORAGE_CONNECTION_STRING")
-    key = environ.get("AZURE_STORAGE_ACCOUNT_KEY")
-    return AzureCredentials(
-        account_key(key, "AZURE_STORAGE_ACCOUNT_KEY") if key else None,
-        (environ.get("AZURE_STORAGE_SAS_TOKEN") or "").lstrip("?") or None,
-    )
+    keys = [
+        (name, environ.get(name)) for name in ("AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_KEY")
+    ]
+    key = next((account_key(value, name) for name, value in keys if value), None)
+    return AzureCredentials(key, (environ.get("AZURE_STORAGE_SAS_TOKEN") or "").lstrip("?") or None)
 
 
 def _environment_keys(environ: Environ) -> S3Keys | None:
