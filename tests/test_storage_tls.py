@@ -185,34 +185,6 @@ def test_the_s3_endpoint_variable_comes_before_the_global_one(
     assert store.read_bytes("model.bin") == b"weights"
 
 
-def test_configured_endpoints_are_ignored_where_the_setting_says_so(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS``: neither the variables' endpoints nor the
-    profile's are taken, and requests go to AWS's own (the engine's, for the region: no
-    request is made here)."""
-    config = tmp_path / "config"
-    config.write_text(
-        "[profile local]\nregion = eu-west-1\n"
-        + ENDPOINT_FORMS["services"].format(endpoint="http://127.0.0.1:9")
-    )
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
-    monkeypatch.setenv("AWS_PROFILE", "local")
-    variables = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_PROFILE": "local"}
-    for ignored in (False, True):
-        setting = {"AWS_IGNORE_CONFIGURED_ENDPOINT_URLS": "true"} if ignored else {}
-        for name, value in setting.items():
-            monkeypatch.setenv(name, value)
-        with_variables = open_store("s3://bucket/p", Environ({**variables, **setting}), SECRET, "c")
-        from_profile = open_store("s3://bucket/p", Environ({**setting, "AWS_PROFILE": "local"}))
-        for store in (with_variables, from_profile):
-            assert isinstance(store, S3Store)
-            endpoint = store.engine.config.get("endpoint")
-            assert endpoint == (None if ignored else "http://127.0.0.1:9"), (ignored, store)
-
-
 def test_credentials_that_expire_are_asked_for_again(
     s3_server: servers.SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -57,7 +57,7 @@ def open_store(
             parsed.path,
             keys=keys,
             region=(keys.region if keys else None) or environ.get(REGION_VARIABLE),
-            endpoint_url=_configured_endpoint(environ),
+            endpoint_url=environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL"),
             ca_bundle=environ.get(CA_BUNDLE_VARIABLE),
             proxies=_proxies(environ),
             fips=_flag(environ, "AWS_USE_FIPS_ENDPOINT"),
@@ -190,15 +190,6 @@ def _environment_keys(environ: Environ) -> S3Keys | None:
     if not key_id or not secret_key:
         return None
     return S3Keys(key_id, secret_key, session_token=environ.get("AWS_SESSION_TOKEN") or None)
-
-
-def _configured_endpoint(environ: Environ) -> str | None:
-    """S3's endpoint as the environment names it (``AWS_ENDPOINT_URL_S3``, else
-    ``AWS_ENDPOINT_URL``), as botocore reads them: none where
-    ``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS`` is true."""
-    if _flag(environ, "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS"):
-        return None
-    return environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
 
 
 def _flag(environ: Environ, name: str) -> bool | None:
