@@ -1269,6 +1269,22 @@ def test_azure_without_credentials_says_where_they_come_from(
     assert "or set AZURE_STORAGE_CONNECTION_STRING" in message and time.monotonic() - started < 10
 
 
+def test_azure_credentials_given_come_before_those_of_the_environment(
+    azure_server: servers.Azurite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The spec's secret (a SAS token here) is what requests carry, even where the process's
+    environment holds an account key of its own (the store's, another account's): the engine
+    reads ``AZURE_STORAGE_*`` itself, and would take a key there over the token it is given."""
+    container = f"c{uuid.uuid4().hex[:12]}"
+    azure_server.create_container(container)
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", base64.b64encode(b"w" * 64).decode())
+    url = f"azure://{servers.AZURITE_ACCOUNT}/{container}/data"
+    secret = azure_server.sas_connection_string("racwdl")
+    with open_store(url, Environ({}), secret, "azure_creds") as store:
+        assert store.write_bytes("model.bin", b"weights")
+        assert [info.key for info in store.list()] == ["model.bin"]
+
+
 def test_azure_account_key_from_either_variable() -> None:
     """The account key of ``AZURE_STORAGE_ACCOUNT_KEY`` (the engine's name) or, where that is
     unset, ``AZURE_STORAGE_KEY`` (the Azure CLI's); a value that is no key is an error naming

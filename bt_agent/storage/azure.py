@@ -14,10 +14,13 @@ part size; a checkpoint manifest's, as a checkpoint loads).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bt_agent.storage.credentials import AzureCredentials
 from bt_agent.storage.engine import ENGINE_RETRIES, EngineStore, Proxies, Tuning
+
+if TYPE_CHECKING:
+    from obstore.store import AzureCredential
 
 
 class AzureStore(EngineStore):
@@ -59,10 +62,8 @@ class AzureStore(EngineStore):
         from obstore.store import AzureStore as Engine
 
         config: dict[str, Any] = {"account_name": self.account}
-        if self.credentials.account_key:
-            config["account_key"] = self.credentials.account_key
-        elif self.credentials.sas_token:
-            config["sas_key"] = self.credentials.sas_token
+        if self.credentials.account_key or self.credentials.sas_token:
+            config["credential_provider"] = _Given(self.credentials)
         if self.endpoint_url:
             config["endpoint"] = self.endpoint_url
         return Engine(
@@ -71,3 +72,17 @@ class AzureStore(EngineStore):
             retry_config=ENGINE_RETRIES,
             **config,
         )
+
+
+class _Given:
+    """The credentials the agent was given (the spec's secret's, or the standard variables'), as
+    the engine's credential provider: they come before any the engine finds itself, which
+    would otherwise take an account key of the process's environment over a SAS token."""
+
+    def __init__(self, credentials: AzureCredentials) -> None:
+        self.credentials = credentials
+
+    def __call__(self) -> AzureCredential:
+        if self.credentials.account_key:
+            return {"access_key": self.credentials.account_key, "expires_at": None}
+        return {"sas_token": self.credentials.sas_token or "", "expires_at": None}
