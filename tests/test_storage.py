@@ -22,9 +22,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import servers
@@ -759,9 +760,6 @@ def test_a_hub_file_in_xet_storage_comes_through_hf_xet(
     the installed huggingface_hub's signature that writes the file's content (or a damaged
     copy), so a call the library would refuse fails here too. The spec's token goes with it:
     Xet storage's reads are authorised by it."""
-    import dataclasses
-    from unittest import mock
-
     import huggingface_hub
     from huggingface_hub import file_download
     from huggingface_hub.utils import XetFileData
@@ -775,7 +773,7 @@ def test_a_hub_file_in_xet_storage_comes_through_hf_xet(
     in_xet = XetFileData(file_hash="0" * 64, refresh_route=f"/api/models/{repo}/xet-read-token")
 
     def with_xet(*args: Any, **kwargs: Any) -> Any:
-        return dataclasses.replace(metadata(*args, **kwargs), xet_file_data=in_xet)
+        return replace(metadata(*args, **kwargs), xet_file_data=in_xet)
 
     def written(*, incomplete_path: Path, **_: Any) -> None:
         Path(incomplete_path).write_bytes(b"x" * len(weights) if damaged else weights)

@@ -58,12 +58,20 @@ class AzureStore(EngineStore):
             "for weights and loaded checkpoints, also write and delete for the store"
         )
 
+    def _given(self) -> AzureCredential | None:
+        """The engine's form of the credentials the agent was given, where it was given any."""
+        if self.credentials.account_key:
+            return {"access_key": self.credentials.account_key, "expires_at": None}
+        if self.credentials.sas_token:
+            return {"sas_token": self.credentials.sas_token, "expires_at": None}
+        return None
+
     def _make_engine(self) -> Any:
         from obstore.store import AzureStore as Engine
 
         config: dict[str, Any] = {"account_name": self.account}
-        if self.credentials.account_key or self.credentials.sas_token:
-            config["credential_provider"] = _Given(self.credentials)
+        if given := self._given():
+            config["credential_provider"] = _Given(given)
         if self.endpoint_url:
             config["endpoint"] = self.endpoint_url
         return Engine(
@@ -79,10 +87,8 @@ class _Given:
     the engine's credential provider: they come before any the engine finds itself, which
     would otherwise take an account key of the process's environment over a SAS token."""
 
-    def __init__(self, credentials: AzureCredentials) -> None:
-        self.credentials = credentials
+    def __init__(self, credential: AzureCredential) -> None:
+        self.credential = credential
 
     def __call__(self) -> AzureCredential:
-        if self.credentials.account_key:
-            return {"access_key": self.credentials.account_key, "expires_at": None}
-        return {"sas_token": self.credentials.sas_token or "", "expires_at": None}
+        return self.credential
