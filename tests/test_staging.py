@@ -1160,8 +1160,12 @@ def test_staging_from_s3_with_keys_in_the_environment_imports_no_botocore(
 ) -> None:
     """Start-up time: with the keys and the region in the standard variables, the engine is
     built from them, and botocore (0.2 s to import and build a client) is never loaded while
-    listing and fetching (ranged GETs included)."""
+    listing and fetching (ranged GETs included), nor for a shared config file that names no
+    setting of the endpoint."""
     files = {"model.safetensors": bytes(range(256)) * 4096 * 17, "config.json": b"{}"}  # 17 MiB
+    config = agent.root / "home" / ".aws" / "config"
+    config.parent.mkdir(parents=True)
+    config.write_text("[default]\nregion = us-east-1\noutput = json\n")
     url = _seed_s3(s3_server, files)
     spec = agent.spec(_job([{"source": url, "mount_location": "/app/model"}], "true"))
     seen = agent.root / "modules.json"

@@ -166,6 +166,46 @@ def test_a_profile_gives_the_endpoint_and_the_keys(
     assert not _absent(s3_server, bucket)
 
 
+@pytest.mark.parametrize("where", ["AWS_CONFIG_FILE", "HOME"])
+@pytest.mark.parametrize("form", list(ENDPOINT_FORMS))
+def test_a_profile_gives_the_endpoint_to_keys_of_the_environment(
+    s3_server: servers.SeaweedFS,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    form: str,
+    where: str,
+) -> None:
+    """Keys and a region in the environment (the engine needs nothing else), and the default
+    profile of the shared config (the file ``AWS_CONFIG_FILE`` names, or ``~/.aws/config``)
+    names the endpoint and the CA: requests go there, trusting it, as botocore's would, not to
+    AWS."""
+    assert s3_server.certificates is not None
+    bucket = _bucket(s3_server)
+    config = tmp_path / ".aws" / "config"
+    config.parent.mkdir()
+    config.write_text(
+        "[default]\n"
+        f"ca_bundle = {s3_server.certificates.ca}\n"
+        + ENDPOINT_FORMS[form].format(endpoint=s3_server.https_endpoint)
+    )
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_CA_BUNDLE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("AWS_CONFIG_FILE", raising=False)
+    place = str(config if where == "AWS_CONFIG_FILE" else tmp_path)  # the file, or the home
+    monkeypatch.setenv(where, place)
+    environ = {
+        "AWS_ACCESS_KEY_ID": servers.ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": servers.SECRET_KEY,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        where: place,
+    }
+    store = open_store(f"s3://{bucket}/p", Environ(environ))
+    assert isinstance(store, S3Store)
+    assert store.write_bytes("model.bin", b"weights")
+    assert store.read_bytes("model.bin") == b"weights"
+    assert store.endpoint_url == s3_server.https_endpoint
+
+
 def test_the_s3_endpoint_variable_comes_before_the_global_one(
     s3_server: servers.SeaweedFS,
 ) -> None:

@@ -62,6 +62,7 @@ def open_store(
             proxies=_proxies(environ),
             fips=_flag(environ, "AWS_USE_FIPS_ENDPOINT"),
             dualstack=_flag(environ, "AWS_USE_DUALSTACK_ENDPOINT"),
+            shared_config=_shared_config(environ),
         )
     if scheme == "r2":
         return _r2(url, environ, secret, secret_name)
@@ -190,6 +191,15 @@ def _environment_keys(environ: Environ) -> S3Keys | None:
     if not key_id or not secret_key:
         return None
     return S3Keys(key_id, secret_key, session_token=environ.get("AWS_SESSION_TOKEN") or None)
+
+
+def _shared_config(environ: Environ) -> str | None:
+    """The path of AWS's shared config file, as botocore finds it: ``AWS_CONFIG_FILE``, else
+    ``~/.aws/config`` (``~`` is the home directory in either)."""
+    path, home = environ.get("AWS_CONFIG_FILE") or "~/.aws/config", environ.get("HOME")
+    if path.startswith("~/"):
+        return f"{home}{path[1:]}" if home else None
+    return path
 
 
 def _flag(environ: Environ, name: str) -> bool | None:

@@ -4,9 +4,10 @@
 What is S3's own: the endpoint (``AWS_ENDPOINT_URL(_S3)``, else the profile's, else AWS: its
 FIPS or dual-stack endpoint where ``AWS_USE_FIPS_ENDPOINT`` or ``AWS_USE_DUALSTACK_ENDPOINT`` or
 the profile asks for one, a directory bucket's zonal endpoint for S3 Express One Zone), the
-region, and the credentials: the keys of a secret or of the environment as they are (botocore is
-not imported: 0.2 s of every start), else botocore's own chain (profiles, SSO, web identity,
-container and instance roles, ``credential_process``), asked again before what it gave expires.
+region, and the credentials: the keys of a secret or of the environment as they are (botocore,
+slow to import, is not, unless the shared config file names a setting of the endpoint), else
+botocore's own chain (profiles, SSO, web identity, container and instance roles,
+``credential_process``), asked again before what it gave expires.
 Either way the engine gets them through its credential provider, so that no variable of the
 environment is mixed into a secret's keys. Every request with a body carries its SHA-256
 checksum (the engine's ``checksum_algorithm``), which the service verifies.
@@ -35,6 +36,16 @@ EXPRESS_SUFFIX = "--x-s3"
 #: Seconds each request of :meth:`S3Store.abort_uploads` may take to connect, and to answer: it
 #: runs as a drain ends, within what is left of a grace period.
 CLEANUP_TIMEOUT_SECONDS = 2.0
+#: What a shared config file may say of where S3's requests go and whom they trust, beside keys
+#: and a region: a file that names none of these is not read through botocore where the keys
+#: and the region are known already (:func:`names_endpoint_settings`).
+ENDPOINT_SETTINGS = (
+    "endpoint_url",
+    "ca_bundle",
+    "use_fips_endpoint",
+    "use_dualstack_endpoint",
+    "addressing_style",
+)
 
 
 class S3Store(EngineStore):
@@ -56,12 +67,15 @@ class S3Store(EngineStore):
         fips: bool | None = None,
         dualstack: bool | None = None,
         virtual_hosted: bool = False,
+        shared_config: str | None = None,
     ) -> None:
         """``fips`` and ``dualstack``: whether to use AWS's FIPS and dual-stack (IPv6)
         endpoints; None where the environment does not say (then the profile may).
         ``virtual_hosted``: the bucket is named in the endpoint's host
         (``https://<bucket>.<endpoint host>``), for services that take no other form; a
-        profile's ``addressing_style = virtual`` asks for it too."""
+        profile's ``addressing_style = virtual`` asks for it too. ``shared_config``: the path
+        of the shared config file, read through botocore even where keys and a region are
+        given if it names one of :data:`ENDPOINT_SETTINGS`, as botocore reads it then too."""
         prefix = prefix.strip("/")
         super().__init__(
             prefix,
@@ -77,6 +91,7 @@ class S3Store(EngineStore):
         self.fips, self.dualstack = fips, dualstack
         self.virtual_hosted = virtual_hosted
         self.signing_region = self.region  # the region requests are signed for, once known
+        self.shared_config = shared_config
         self._credentials: _Keys | _BotocoreChain | None = None  # the engine's, once made
 
     def other_region(self, region: str | None) -> str:
@@ -98,7 +113,7 @@ class S3Store(EngineStore):
         keys: _Keys | _BotocoreChain | None = _Keys(self.keys) if self.keys else None
         region = self.region
         fips, dualstack = self.fips, self.dualstack
-        if keys is None or region is None:  # what only the shared config can say
+        if keys is None or region is None or names_endpoint_settings(self.shared_config):
             chain = _BotocoreChain(self.uri())
             keys = keys or chain
             region = region or chain.region()
@@ -195,6 +210,17 @@ class S3Store(EngineStore):
             aws_session_token=credential["token"],
             config=config,
         )
+
+
+def names_endpoint_settings(path: str | None) -> bool:
+    """Whether the shared config file at ``path`` names one of :data:`ENDPOINT_SETTINGS` (in any
+    profile: the file is not parsed, only looked through); False where there is no such file."""
+    try:
+        with open(path or "", "rb") as config:
+            text = config.read()
+    except OSError:
+        return False
+    return any(name.encode() in text for name in ENDPOINT_SETTINGS)
 
 
 def bucket_region(
