@@ -225,6 +225,25 @@ def test_the_s3_endpoint_variable_comes_before_the_global_one(
     assert store.read_bytes("model.bin") == b"weights"
 
 
+def test_the_engine_s_own_endpoint_variable_is_the_agent_s_too(
+    s3_server: servers.SeaweedFS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``AWS_ENDPOINT``, the engine's name for the endpoint (which it reads itself where it is
+    given none): the agent takes it too, for the engine's requests and for its own made through
+    botocore (aborts), none of which go to AWS."""
+    assert s3_server.certificates is not None
+    bucket = _bucket(s3_server)
+    for name in ("AWS_ENDPOINT", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    ca = str(s3_server.certificates.ca)
+    environ = Environ({"AWS_ENDPOINT": s3_server.https_endpoint, "AWS_CA_BUNDLE": ca})
+    store = open_store(f"s3://{bucket}/p", environ, SECRET, "creds")
+    assert isinstance(store, S3Store)
+    assert store.write_bytes("model.bin", b"weights")
+    assert store.read_bytes("model.bin") == b"weights"
+    assert store.abort_uploads("") == 0
+
+
 def test_credentials_that_expire_are_asked_for_again(
     s3_server: servers.SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -57,7 +57,7 @@ def open_store(
             parsed.path,
             keys=keys,
             region=(keys.region if keys else None) or environ.get(REGION_VARIABLE),
-            endpoint_url=environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL"),
+            endpoint_url=_s3_endpoint(environ),
             ca_bundle=environ.get(CA_BUNDLE_VARIABLE),
             proxies=_proxies(environ),
             fips=_flag(environ, "AWS_USE_FIPS_ENDPOINT"),
@@ -191,6 +191,14 @@ def _environment_keys(environ: Environ) -> S3Keys | None:
     if not key_id or not secret_key:
         return None
     return S3Keys(key_id, secret_key, session_token=environ.get("AWS_SESSION_TOKEN") or None)
+
+
+def _s3_endpoint(environ: Environ) -> str | None:
+    """S3's endpoint as the variables name it: AWS's names, then the engine's own
+    (``AWS_ENDPOINT``), which it would otherwise read itself where none is given, sending its
+    requests where the agent's other requests (a bucket's region, aborts) and errors do not go."""
+    names = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT")
+    return next((value for name in names if (value := environ.get(name))), None)
 
 
 def _shared_config(environ: Environ) -> str | None:
