@@ -122,6 +122,8 @@ class Server:
 
 #: Endpoints of AWS whose requests a test sends to SeaweedFS (its certificate holds their names).
 AWS_NAMES = (
+    "s3.us-east-1.amazonaws.com",
+    "s3.cn-north-1.amazonaws.com.cn",
     "s3-fips.us-east-1.amazonaws.com",
     "s3.dualstack.us-east-1.amazonaws.com",
     "s3-fips.dualstack.us-east-1.amazonaws.com",

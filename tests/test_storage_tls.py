@@ -315,6 +315,8 @@ def test_the_proxy_variables_are_honoured(s3_server: servers.SeaweedFS, transpor
 @pytest.mark.parametrize(
     ("settings", "host"),
     [
+        ({}, "s3.us-east-1.amazonaws.com"),
+        ({"AWS_DEFAULT_REGION": "cn-north-1"}, "s3.cn-north-1.amazonaws.com.cn"),
         ({"AWS_USE_FIPS_ENDPOINT": "true"}, "s3-fips.us-east-1.amazonaws.com"),
         ({"AWS_USE_DUALSTACK_ENDPOINT": "true"}, "s3.dualstack.us-east-1.amazonaws.com"),
         (
@@ -322,20 +324,21 @@ def test_the_proxy_variables_are_honoured(s3_server: servers.SeaweedFS, transpor
             "s3-fips.dualstack.us-east-1.amazonaws.com",
         ),
     ],
-    ids=["fips", "dualstack", "both"],
+    ids=["regional", "china", "fips", "dualstack", "both"],
 )
-def test_fips_and_dualstack_endpoints_are_the_ones_aws_names(
+def test_aws_endpoints_are_the_ones_botocore_names(
     s3_server: servers.SeaweedFS, settings: dict[str, str], host: str
 ) -> None:
-    """No endpoint given: the variables choose AWS's FIPS or dual-stack endpoint of the region.
-    There is no AWS here: a proxy takes every connection to SeaweedFS (whose certificate holds
-    those names), and tells which host each was for."""
+    """No endpoint given: requests go to S3's endpoint of the region, in its partition's domain,
+    or the FIPS or dual-stack one the variables choose. There is no AWS here: a proxy takes
+    every connection to SeaweedFS (whose certificate holds those names), and tells which host
+    each was for."""
     assert s3_server.certificates is not None
     bucket = _bucket(s3_server)
     proxy = ForwardProxy(upstream=("127.0.0.1", s3_server.https_port))
     environ = {
-        **settings,
         "AWS_DEFAULT_REGION": "us-east-1",
+        **settings,
         "AWS_CA_BUNDLE": str(s3_server.certificates.ca),
         "HTTPS_PROXY": proxy.endpoint,
     }
@@ -348,6 +351,21 @@ def test_fips_and_dualstack_endpoints_are_the_ones_aws_names(
         assert set(proxy.targets) == {f"{host}:443"}, proxy.targets
     finally:
         proxy.close()
+
+
+def test_an_aws_endpoint_out_of_reach_is_named() -> None:
+    """No endpoint given, and AWS out of reach (here its proxy refuses every connection): the
+    error names the endpoint the requests were for, and the proxy, as it does for one given."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        proxy = f"http://127.0.0.1:{closed.getsockname()[1]}"  # nothing listens there
+    environ = Environ({"AWS_DEFAULT_REGION": "eu-west-1", "HTTPS_PROXY": proxy})
+    store = open_store("s3://bucket/x", environ, SECRET, "creds")
+    store.policy = RetryPolicy(attempts=2, base_seconds=0.01, cap_seconds=0.01)
+    with store, pytest.raises(TransientStoreError) as refused:
+        store.write_bytes("model.bin", b"weights")
+    said = f"cannot reach https://s3.eu-west-1.amazonaws.com through the proxy {proxy} ("
+    assert said in str(refused.value), refused.value
 
 
 def test_a_directory_bucket_goes_to_its_zone(s3_server: servers.SeaweedFS) -> None:

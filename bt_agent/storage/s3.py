@@ -1,16 +1,16 @@
 """``s3://bucket/prefix`` (and ``r2://``, ``cw://``, any S3-compatible endpoint) on obstore
 (:mod:`bt_agent.storage.engine`).
 
-What is S3's own: the endpoint (``AWS_ENDPOINT_URL(_S3)``, else the profile's, else AWS: its
-FIPS or dual-stack endpoint where ``AWS_USE_FIPS_ENDPOINT`` or ``AWS_USE_DUALSTACK_ENDPOINT`` or
-the profile asks for one, a directory bucket's zonal endpoint for S3 Express One Zone), the
-region, and the credentials: the keys of a secret or of the environment as they are (botocore,
-slow to import, is not, unless the shared config file names a setting of the endpoint), else
-botocore's own chain (profiles, SSO, web identity, container and instance roles,
-``credential_process``), asked again before what it gave expires.
-Either way the engine gets them through its credential provider, so that no variable of the
-environment is mixed into a secret's keys. Every request with a body carries its SHA-256
-checksum (the engine's ``checksum_algorithm``), which the service verifies.
+What is S3's own: the endpoint (``AWS_ENDPOINT_URL(_S3)``, else the profile's, else AWS's in the
+region's partition, its FIPS or dual-stack endpoint where ``AWS_USE_FIPS_ENDPOINT`` or
+``AWS_USE_DUALSTACK_ENDPOINT`` or the profile asks for one, a directory bucket's zonal endpoint for
+S3 Express One Zone), the region, and the credentials: the keys of a secret or of the environment
+as they are (botocore, slow to import, is not, unless the shared config file names a setting of the
+endpoint), else botocore's own chain (profiles, SSO, web identity, container and instance roles,
+``credential_process``), asked again before what it gave expires. Either way the engine gets them
+through its credential provider, so that no variable of the environment is mixed into a secret's
+keys. Every request with a body carries its SHA-256 checksum (the engine's ``checksum_algorithm``),
+which the service verifies.
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ EXPRESS_SUFFIX = "--x-s3"
 #: Seconds each request of :meth:`S3Store.abort_uploads` may take to connect, and to answer: it
 #: runs as a drain ends, within what is left of a grace period.
 CLEANUP_TIMEOUT_SECONDS = 2.0
+#: The domains of AWS's partitions whose regions are not in ``amazonaws.com``, by the start of
+#: their regions' names (botocore's ``partitions.json``; its isolated partitions left out).
+PARTITION_DOMAINS = (("cn-", "amazonaws.com.cn"), ("eusc-", "amazonaws.eu"))
 #: What a shared config file may say of where S3's requests go and whom they trust, beside keys
 #: and a region: a file that names none of these is not read through botocore where the keys
 #: and the region are known already (:func:`names_endpoint_settings`).
@@ -273,13 +276,15 @@ def path_endpoint(endpoint: str, bucket: str) -> str:
     return f"{scheme}://{rest.removeprefix(f'{bucket}.')}"
 
 
-def aws_endpoint(region: str, fips: bool | None, dualstack: bool | None) -> str | None:
-    """The regional endpoint of S3 that FIPS and dual-stack ask for, named as botocore names
-    it; None where neither is asked for (the engine's own endpoint then)."""
-    if not (fips or dualstack):
-        return None
+def aws_endpoint(region: str, fips: bool | None, dualstack: bool | None) -> str:
+    """S3's endpoint in ``region``, or the FIPS or dual-stack (IPv6) one where asked for, named
+    as botocore names it: in the domain of the region's partition (the engine's own endpoint
+    is in ``amazonaws.com`` for every region, which China's are not)."""
     host = ("s3-fips" if fips else "s3") + (".dualstack" if dualstack else "")
-    domain = "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
+    domain = next(
+        (domain for prefix, domain in PARTITION_DOMAINS if region.startswith(prefix)),
+        "amazonaws.com",
+    )
     return f"https://{host}.{region}.{domain}"
 
 
