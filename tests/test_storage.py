@@ -53,6 +53,7 @@ from bt_agent.storage.file import SYNCFS_MIN_FILES, syncfs
 from bt_agent.storage.flight import DaemonLoop, DaemonPool, in_task_group, wait_all
 from bt_agent.storage.gcs import GCSStore
 from bt_agent.storage.hf import HFStore
+from bt_agent.storage.retry import RetryPolicy
 from bt_agent.storage.s3 import S3Store
 from bt_agent.storage.transfer import download_tree, upload_tree
 
@@ -1281,6 +1282,33 @@ def test_azure_credentials_given_come_before_those_of_the_environment(
     with open_store(url, Environ({}), secret, "azure_creds") as store:
         assert store.write_bytes("model.bin", b"weights")
         assert [info.key for info in store.list()] == ["model.bin"]
+
+
+@pytest.mark.parametrize(
+    ("suffix", "endpoint"),
+    [
+        ("", "https://acct.blob.core.windows.net"),
+        (";EndpointSuffix=core.chinacloudapi.cn", "https://acct.blob.core.chinacloudapi.cn"),
+    ],
+    ids=["global", "china"],
+)
+def test_azure_requests_go_to_the_cloud_of_the_connection_string(
+    suffix: str, endpoint: str
+) -> None:
+    """A connection string's ``EndpointSuffix`` names its account's cloud (Azure China's,
+    Azure Government's), where requests go; without one, Azure's global cloud. There is no
+    Azure here: a proxy that refuses every connection is in the way, and the error names where
+    the requests were for."""
+    key = base64.b64encode(b"k" * 64).decode()
+    secret = f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={key}{suffix}"
+    proxy = f"http://127.0.0.1:{servers.free_port()}"  # nothing listens there
+    store = open_store("azure://acct/models/p", Environ({"HTTPS_PROXY": proxy}), secret, "az")
+    store.policy = RetryPolicy(attempts=2, base_seconds=0.01, cap_seconds=0.01)
+    with store, pytest.raises(TransientStoreError) as refused:
+        store.list()
+    said = f"cannot reach {endpoint} through the proxy {proxy} ("
+    assert said in str(refused.value), refused.value
+    assert key not in str(refused.value)
 
 
 def test_azure_account_key_from_either_variable() -> None:

@@ -356,9 +356,7 @@ def test_aws_endpoints_are_the_ones_botocore_names(
 def test_an_aws_endpoint_out_of_reach_is_named() -> None:
     """No endpoint given, and AWS out of reach (here its proxy refuses every connection): the
     error names the endpoint the requests were for, and the proxy, as it does for one given."""
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        proxy = f"http://127.0.0.1:{closed.getsockname()[1]}"  # nothing listens there
+    proxy = f"http://127.0.0.1:{servers.free_port()}"  # nothing listens there
     environ = Environ({"AWS_DEFAULT_REGION": "eu-west-1", "HTTPS_PROXY": proxy})
     store = open_store("s3://bucket/x", environ, SECRET, "creds")
     store.policy = RetryPolicy(attempts=2, base_seconds=0.01, cap_seconds=0.01)

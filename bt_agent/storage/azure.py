@@ -5,7 +5,8 @@ Credentials: the spec's secret (a connection string, a SAS token or the account 
 standard variables (``AZURE_STORAGE_CONNECTION_STRING``, ``AZURE_STORAGE_ACCOUNT_KEY`` or the
 Azure CLI's ``AZURE_STORAGE_KEY``, ``AZURE_STORAGE_SAS_TOKEN``), else what the engine finds
 itself (a workload or managed identity). A connection string's ``BlobEndpoint`` (Azurite's, a
-private endpoint) is where requests go.
+private endpoint), or its account in its ``EndpointSuffix`` (another cloud's), is where requests
+go; else the account's endpoint in Azure's global cloud.
 
 Uploads carry no checksum the service verifies (the engine sends no ``Content-MD5``): the
 sha256 each upload computes is checked where the object is read back (its metadata, up to the
@@ -21,6 +22,10 @@ from bt_agent.storage.engine import ENGINE_RETRIES, EngineStore, Proxies, Tuning
 
 if TYPE_CHECKING:
     from obstore.store import AzureCredential
+
+
+#: An account's blob endpoint in Azure's global cloud, where no connection string names another.
+GLOBAL_ENDPOINT = "https://{account}.blob.core.windows.net"
 
 
 class AzureStore(EngineStore):
@@ -43,8 +48,9 @@ class AzureStore(EngineStore):
         proxies: Proxies | None = None,
     ) -> None:
         prefix = prefix.strip("/")
-        endpoint = credentials.endpoint if credentials else None
+        named = credentials.endpoint if credentials else None
         url = f"azure://{account}/{container}" + (f"/{prefix}" if prefix else "")
+        endpoint = named or GLOBAL_ENDPOINT.format(account=account)
         super().__init__(prefix, url, endpoint, tuning, ca_bundle, proxies)
         self.account = account
         self.container = container
@@ -69,11 +75,9 @@ class AzureStore(EngineStore):
     def _make_engine(self) -> Any:
         from obstore.store import AzureStore as Engine
 
-        config: dict[str, Any] = {"account_name": self.account}
+        config: dict[str, Any] = {"account_name": self.account, "endpoint": self.endpoint_url}
         if given := self._given():
             config["credential_provider"] = _Given(given)
-        if self.endpoint_url:
-            config["endpoint"] = self.endpoint_url
         return Engine(
             self.container,
             client_options=self._client_options(),

@@ -61,8 +61,8 @@ def gcs_service_account(secret: str, name: str) -> dict[str, Any]:
 @dataclass(frozen=True)
 class AzureCredentials:
     """What reaches an Azure storage account: its key or a SAS token, and the blob endpoint
-    where it is not ``https://<account>.blob.core.windows.net`` (a connection string's
-    ``BlobEndpoint``, as Azurite's)."""
+    where a connection string names it (its ``BlobEndpoint``, as Azurite's, or its account in
+    the ``EndpointSuffix`` of another cloud than Azure's global one)."""
 
     account_key: str | None = field(default=None, repr=False)
     sas_token: str | None = field(default=None, repr=False)
@@ -113,5 +113,15 @@ def azure_connection_string(text: str, what: str) -> AzureCredentials:
     return AzureCredentials(
         account_key(key, what) if key else None,
         sas.lstrip("?") if sas else None,
-        fields.get("BlobEndpoint"),
+        fields.get("BlobEndpoint") or _blob_endpoint(fields),
     )
+
+
+def _blob_endpoint(fields: dict[str, str]) -> str | None:
+    """The blob endpoint of a connection string that names its account's cloud by its
+    ``EndpointSuffix`` (``core.chinacloudapi.cn``, ``core.usgovcloudapi.net``), as Azure's SDKs
+    make it; None where it does not."""
+    account, suffix = fields.get("AccountName"), fields.get("EndpointSuffix")
+    if not account or not suffix:
+        return None
+    return f"{fields.get('DefaultEndpointsProtocol') or 'https'}://{account}.blob.{suffix}"
