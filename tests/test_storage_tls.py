@@ -353,6 +353,22 @@ def test_aws_endpoints_are_the_ones_botocore_names(
         proxy.close()
 
 
+def test_a_certificate_of_aws_s_endpoint_not_trusted_names_it(s3_server: servers.SeaweedFS) -> None:
+    """No endpoint given, and AWS's certificate not trusted, as behind a proxy that inspects TLS
+    with a CA of its own (here the proxy takes every connection to SeaweedFS, whose certificate
+    holds AWS's name, signed by a CA the system does not trust): a clear error at once, naming
+    the endpoint and the variable that trusts the CA."""
+    proxy = ForwardProxy(upstream=("127.0.0.1", s3_server.https_port))
+    environ = Environ({"AWS_DEFAULT_REGION": "us-east-1", "HTTPS_PROXY": proxy.endpoint})
+    try:
+        with open_store(f"s3://{_bucket(s3_server)}/p", environ, SECRET, "c") as store:
+            message = str(_refused(store))
+    finally:
+        proxy.close()
+    assert "certificate of https://s3.us-east-1.amazonaws.com is not trusted" in message, message
+    assert "set AWS_CA_BUNDLE" in message, message
+
+
 def test_an_aws_endpoint_out_of_reach_is_named() -> None:
     """No endpoint given, and AWS out of reach (here its proxy refuses every connection): the
     error names the endpoint the requests were for, and the proxy, as it does for one given."""
