@@ -677,6 +677,17 @@ def test_keys_that_escape_are_refused(backend: Backend, tmp_path: Path, key: str
     assert not (tmp_path / "escape").exists()
 
 
+def test_a_hub_out_of_reach_is_named() -> None:
+    """``HF_ENDPOINT`` (a mirror, a proxy of the Hub) that does not answer: the error names it,
+    and why, in the system's words."""
+    hub = f"http://127.0.0.1:{servers.free_port()}"  # nothing listens there
+    store = open_store("hf://owner/model", Environ({"HF_ENDPOINT": hub}))
+    store.policy = RetryPolicy(attempts=2, base_seconds=0.01, cap_seconds=0.01)
+    with pytest.raises(TransientStoreError) as refused:
+        store.list()
+    assert f"cannot reach {hub} (Connection refused)" in str(refused.value), refused.value
+
+
 def test_hf_revisions_are_pinned(hf_server: servers.Olah, tmp_path: Path) -> None:
     repo = f"org/pinned-{uuid.uuid4().hex[:6]}"
     first = servers.hf_repo(hf_server.mirrors, repo, {"config.json": b'{"v": 1}'})

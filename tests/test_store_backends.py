@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 
 import pytest
 import servers
@@ -42,17 +41,21 @@ def test_store_on_gcs(agent: Agent, gcs_server: servers.FakeGCS) -> None:
     _run_and_view(agent, f"gs://{bucket}/bt", {"STORAGE_EMULATOR_HOST": gcs_server.endpoint})
 
 
-def test_unreachable_store_is_a_clear_error(agent: Agent, tmp_path: Path) -> None:
+@pytest.mark.parametrize("scheme", ["s3", "gs"])
+def test_unreachable_store_is_a_clear_error(agent: Agent, scheme: str) -> None:
+    """Where the requests were for, and why they did not get there in the system's words (not
+    the engine's first line, nor the client library's type of error)."""
     env = {
         "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
         "AWS_ACCESS_KEY_ID": "k",
         "AWS_SECRET_ACCESS_KEY": "s",
         "AWS_DEFAULT_REGION": "us-east-1",
+        "STORAGE_EMULATOR_HOST": "http://127.0.0.1:9",
     }
-    result = agent("jobs", "list", "--store", "s3://nowhere/bt", env=env, timeout=120)
+    result = agent("jobs", "list", "--store", f"{scheme}://nowhere/bt", env=env, timeout=120)
     assert result.code == 1
-    assert "s3://nowhere/bt" in result.err and "cannot reach" in result.err
-    assert "(Connection refused)" in result.err, "the system's words, not the engine's first line"
+    assert f"{scheme}://nowhere/bt" in result.err, result.err
+    assert "cannot reach http://127.0.0.1:9 (Connection refused)" in result.err, result.err
     assert "Traceback" not in result.err
 
 

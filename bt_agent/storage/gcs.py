@@ -21,7 +21,7 @@ from bt_agent.errors import (
 )
 from bt_agent.storage.base import Fetched, HashingReader, ObjectInfo, ObjectStore, is_http_url
 from bt_agent.storage.keys import join_key, relative_key
-from bt_agent.storage.tls import tls_error
+from bt_agent.storage.tls import connection_cause, tls_error
 
 MiB = 1024 * 1024
 GCS_ENDPOINT = "https://storage.googleapis.com"
@@ -163,7 +163,8 @@ class GCSStore(ObjectStore):
         if isinstance(exc, ConnectionError | TimeoutError) or type(exc).__module__.startswith(
             ("requests", "urllib3", "google.auth.exceptions")
         ):
-            return TransientStoreError(f"{uri}: cannot reach GCS ({type(exc).__name__})", uri)
+            why = connection_cause(exc)
+            return TransientStoreError(f"{uri}: cannot reach {self.endpoint} ({why})", uri)
         return exc
 
     def _key(self, key: str) -> str:

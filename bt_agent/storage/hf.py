@@ -20,7 +20,7 @@ from typing import Any
 from bt_agent.errors import AccessDeniedError, NotFoundError, StoreError, TransientStoreError
 from bt_agent.storage.base import Fetched, ObjectInfo, ObjectStore, is_http_url
 from bt_agent.storage.keys import check_key
-from bt_agent.storage.tls import tls_error
+from bt_agent.storage.tls import connection_cause, tls_error
 
 HUB = "https://huggingface.co"  # where requests go without HF_ENDPOINT
 TIMEOUT_SECONDS = 60  # an answer that keeps silent this long is given up (and retried)
@@ -126,7 +126,8 @@ class HFStore(ObjectStore):
             isinstance(exc, OSError | ConnectionError | TimeoutError)
             or "httpx" in type(exc).__module__
         ):
-            return TransientStoreError(f"{uri}: cannot reach the Hub ({type(exc).__name__})", uri)
+            why = connection_cause(exc)
+            return TransientStoreError(f"{uri}: cannot reach {self.endpoint or HUB} ({why})", uri)
         return exc
 
     @property

@@ -1,11 +1,13 @@
-"""The errors of TLS connections made by clients on the standard library's ``ssl`` (the Hugging
-Face Hub's, Google Cloud Storage's), told apart from outages: a certificate refused, or a server
-that speaks no TLS, is a clear error at once, never a wait.
+"""The errors of connections made by clients on the standard library's ``socket`` and ``ssl``
+(the Hugging Face Hub's, Google Cloud Storage's): a certificate refused, or a server that speaks
+no TLS, told apart from outages (a clear error at once, never a wait); and of an outage, the
+system's own words for it.
 """
 
 from __future__ import annotations
 
 import ssl
+from collections.abc import Iterator
 from urllib.parse import urlparse
 
 from bt_agent.errors import StoreError
@@ -42,15 +44,27 @@ def tls_error(
     return None
 
 
+def connection_cause(exc: BaseException) -> str:
+    """Why a connection failed, in the system's words where ``exc`` or what caused it holds
+    them (``Connection refused``, ``Name or service not known``), else ``exc``'s type."""
+    found = next((e for e in _causes(exc) if isinstance(e, OSError) and e.strerror), None)
+    return found.strerror if isinstance(found, OSError) and found.strerror else type(exc).__name__
+
+
 def _ssl_cause(exc: BaseException) -> ssl.SSLError | None:
     """The TLS error that ``exc`` is, or that caused it, if any."""
+    return next((found for found in _causes(exc) if isinstance(found, ssl.SSLError)), None)
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and what caused it, in turn: the ``reason`` of urllib's ``URLError`` and
+    urllib3's ``MaxRetryError``, else the exception it was raised from or while handling."""
     found: BaseException | None = exc
     seen: set[int] = set()  # a chain of causes that turns back on itself ends there
-    while found is not None and not isinstance(found, ssl.SSLError):
+    while found is not None and id(found) not in seen:
+        yield found
         seen.add(id(found))
-        reason = getattr(found, "reason", None)  # urllib's URLError, urllib3's MaxRetryError
+        reason = getattr(found, "reason", None)
         found = (
             reason if isinstance(reason, BaseException) else found.__cause__ or found.__context__
         )
-        found = None if found is not None and id(found) in seen else found
-    return found
