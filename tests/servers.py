@@ -128,6 +128,8 @@ AWS_NAMES = (
     "s3.dualstack.us-east-1.amazonaws.com",
     "s3-fips.dualstack.us-east-1.amazonaws.com",
 )
+#: The endpoint of R2's account ``acct``, whose requests a test sends to SeaweedFS.
+R2_NAMES = ("acct.r2.cloudflarestorage.com",)
 #: CoreWeave's endpoints, which name each bucket in the host (``<bucket>.cwobject.com``): the
 #: server takes a bucket from such a host, and its certificate holds every name of the first.
 COREWEAVE_DOMAINS = ("cwobject.com", "cwlota.com")
@@ -244,8 +246,10 @@ def seaweedfs(root: Path, http2: bool = False) -> SeaweedFS:
         ports.add(port)
         taken |= {port, port + 10000, port - 10000}
     s3, master, filer, volume, admin, https = sorted(ports)
-    # 127.0.0.1 is a name it does not hold; AWS's are for a proxy that sends them here
-    tls = certificates(data / "tls", ("localhost", *AWS_NAMES, f"*.{COREWEAVE_DOMAINS[0]}"))
+    # 127.0.0.1 is a name it does not hold; AWS's and R2's are for a proxy that sends them here
+    tls = certificates(
+        data / "tls", ("localhost", *AWS_NAMES, *R2_NAMES, f"*.{COREWEAVE_DOMAINS[0]}")
+    )
     argv = [
         weed,
         f"-logdir={data}/logs",

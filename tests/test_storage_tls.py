@@ -382,6 +382,31 @@ def test_an_aws_endpoint_out_of_reach_is_named() -> None:
     assert said in str(refused.value), refused.value
 
 
+@pytest.mark.parametrize("exists", [True, False])
+def test_r2_goes_to_the_account_s_endpoint(s3_server: servers.SeaweedFS, exists: bool) -> None:
+    """``r2://<account>.<bucket>`` goes to the account's endpoint. A bucket it does not hold is
+    an error that says where else it may be: in one of R2's jurisdictions, whose endpoints are
+    their own. There is no R2 here: a proxy takes every connection to SeaweedFS (whose
+    certificate holds the account endpoint's name), and tells which host each was for."""
+    assert s3_server.certificates is not None
+    bucket = _bucket(s3_server) if exists else "no-such-bucket"
+    proxy = ForwardProxy(upstream=("127.0.0.1", s3_server.https_port))
+    environ = {"AWS_CA_BUNDLE": str(s3_server.certificates.ca), "HTTPS_PROXY": proxy.endpoint}
+    try:
+        with open_store(f"r2://acct.{bucket}/p", Environ(environ), SECRET, "c") as store:
+            if exists:
+                assert store.write_bytes("model.bin", b"weights")
+                assert store.read_bytes("model.bin") == b"weights"
+            else:
+                message = str(_refused(store, store.list))
+        assert set(proxy.targets) == {f"{servers.R2_NAMES[0]}:443"}, proxy.targets
+    finally:
+        proxy.close()
+    if not exists:
+        assert f"the bucket of r2://acct.{bucket}/p does not exist" in message, message
+        assert "set BT_R2_ENDPOINT_URL=https://acct.<jurisdiction>.r2.cloud" in message, message
+
+
 def test_a_directory_bucket_goes_to_its_zone(s3_server: servers.SeaweedFS) -> None:
     """A bucket named as S3 Express One Zone names its directory buckets goes to the zonal
     endpoint of its zone. SeaweedFS has no S3 Express (no ``CreateSession``), and its

@@ -196,6 +196,9 @@ class EngineStore(ObjectStore):
     ca_variable = "SSL_CERT_FILE"
     container_noun = "bucket"  # what the service calls the place objects are kept in
     credentials_hint = "name a secret holding them"  # where else credentials can come from
+    #: Where else a container the endpoint does not hold may be (``; ...``), said where the
+    #: service says it has no such container, or refuses a request (as R2 does some).
+    missing_hint = ""
 
     def __init__(
         self,
@@ -426,7 +429,7 @@ class EngineStore(ObjectStore):
         if _NO_CONTAINER.search(text):  # not an object missing: nothing can be read or written
             return StoreError(
                 f"{uri}: the {self.container_noun} of {self.uri()} does not exist; check its name "
-                f"and where requests go ({where})",
+                f"and where requests go ({where}){self.missing_hint}",
                 uri,
             )
         if unreadable := _UNREADABLE_NAME.search(text):  # in a listing: no retry can read it
@@ -458,7 +461,9 @@ class EngineStore(ObjectStore):
             said_so = _SERVICE_SAID.search(text)
             why = f" {said_so.group(1)}: {said_so.group(2).strip()}" if said_so else ""
             return AccessDeniedError(
-                f"{uri}: access denied ({code or 'forbidden'}{why}); {self.access_hint()}", uri
+                f"{uri}: access denied ({code or 'forbidden'}{why}); {self.access_hint()}"
+                f"{self.missing_hint}",
+                uri,
             )
         if isinstance(exc, engine.PreconditionError):  # If-Match: another version is there
             return self.changed(key)

@@ -24,7 +24,12 @@ if TYPE_CHECKING:
     from bt_agent.storage.engine import Proxies
 
 R2_ENDPOINT = "https://{account}.r2.cloudflarestorage.com"
-R2_ENDPOINT_VARIABLE = "BT_R2_ENDPOINT_URL"  # overrides the endpoint (tests, proxies)
+R2_ENDPOINT_VARIABLE = "BT_R2_ENDPOINT_URL"  # overrides the endpoint (a jurisdiction's, tests)
+#: Where a bucket of one of R2's jurisdictions is, which the account's endpoint does not hold.
+R2_JURISDICTIONS_HINT = (
+    "; a bucket in one of R2's jurisdictions (eu, fedramp, us) is at an endpoint of its own: set "
+    f"{R2_ENDPOINT_VARIABLE}=https://{{account}}.<jurisdiction>.r2.cloudflarestorage.com"
+)
 CW_ENDPOINT = "https://cwobject.com"  # CoreWeave AI Object Storage, from anywhere
 CW_ENDPOINT_VARIABLE = "BT_CW_ENDPOINT_URL"  # another: http://cwlota.com inside CoreWeave
 CA_BUNDLE_VARIABLE = "AWS_CA_BUNDLE"  # a PEM file of CAs trusted beside the system's
@@ -112,17 +117,19 @@ def _r2(url: str, environ: Environ, secret: str | None, secret_name: str) -> Obj
     account, dot, bucket = parsed.netloc.partition(".")
     if not dot or not account or not bucket:
         raise UsageError(f"invalid R2 URL {url!r}: use r2://<account_id>.<bucket>/path")
-    endpoint = environ.get(R2_ENDPOINT_VARIABLE) or R2_ENDPOINT.format(account=account)
+    given = environ.get(R2_ENDPOINT_VARIABLE)
+    hint = "" if given else R2_JURISDICTIONS_HINT.format(account=account)
     keys = s3_keys(secret, secret_name) if secret is not None else _environment_keys(environ)
     return S3Store(
         bucket,
         parsed.path,
         url=url.rstrip("/"),
         keys=keys,
-        endpoint_url=endpoint,
+        endpoint_url=given or R2_ENDPOINT.format(account=account),
         region="auto",
         ca_bundle=environ.get(CA_BUNDLE_VARIABLE),
         proxies=_proxies(environ),
+        missing_hint=hint,
     )
 
 

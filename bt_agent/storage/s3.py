@@ -71,6 +71,7 @@ class S3Store(EngineStore):
         dualstack: bool | None = None,
         virtual_hosted: bool = False,
         shared_config: str | None = None,
+        missing_hint: str = "",
     ) -> None:
         """``fips`` and ``dualstack``: whether to use AWS's FIPS and dual-stack (IPv6)
         endpoints; None where the environment does not say (then the profile may).
@@ -78,7 +79,9 @@ class S3Store(EngineStore):
         (``https://<bucket>.<endpoint host>``), for services that take no other form; a
         profile's ``addressing_style = virtual`` asks for it too. ``shared_config``: the path
         of the shared config file, read through botocore even where keys and a region are
-        given if it names one of :data:`ENDPOINT_SETTINGS`, as botocore reads it then too."""
+        given if it names one of :data:`ENDPOINT_SETTINGS`, as botocore reads it then too.
+        ``missing_hint``: where else a bucket the endpoint does not hold may be, said where it
+        does not (``; ...``)."""
         prefix = prefix.strip("/")
         super().__init__(
             prefix,
@@ -95,6 +98,7 @@ class S3Store(EngineStore):
         self.virtual_hosted = virtual_hosted
         self.signing_region = self.region  # the region requests are signed for, once known
         self.shared_config = shared_config
+        self.missing_hint = missing_hint
         self._credentials: _Keys | _BotocoreChain | None = None  # the engine's, once made
 
     def other_region(self, region: str | None) -> str:
