@@ -47,8 +47,10 @@ def tls_error(
 def connection_cause(exc: BaseException) -> str:
     """Why a connection failed, in the system's words where ``exc`` or what caused it holds
     them (``Connection refused``, ``Name or service not known``), else ``exc``'s type."""
-    found = next((e for e in _causes(exc) if isinstance(e, OSError) and e.strerror), None)
-    return found.strerror if isinstance(found, OSError) and found.strerror else type(exc).__name__
+    for found in _causes(exc):
+        if isinstance(found, OSError) and found.strerror:
+            return found.strerror
+    return type(exc).__name__
 
 
 def _ssl_cause(exc: BaseException) -> ssl.SSLError | None:
