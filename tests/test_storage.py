@@ -1411,9 +1411,6 @@ def test_gcs_credentials_google_refuses_are_no_outage(tmp_path: Path) -> None:
     answering as Google does; the key itself is a real RSA key, signed with by google-auth."""
     import http.server
 
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
     class Refusing(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers["Content-Length"]))
@@ -1429,19 +1426,7 @@ def test_gcs_credentials_google_refuses_are_no_outage(tmp_path: Path) -> None:
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    pem = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    key = {
-        "type": "service_account",
-        "project_id": "p",
-        "private_key_id": "k1",
-        "private_key": pem.decode(),
-        "client_email": "trainer@p.iam.gserviceaccount.com",
-        "token_uri": f"http://127.0.0.1:{server.server_port}/token",
-    }
+    key = _service_account(f"http://127.0.0.1:{server.server_port}/token")
     started = time.monotonic()
     try:
         store = open_store("gs://bucket/p", Environ({}), json.dumps(key), "gcs_key")
@@ -1451,6 +1436,40 @@ def test_gcs_credentials_google_refuses_are_no_outage(tmp_path: Path) -> None:
         server.shutdown()
     assert "Google refused the service account's credentials (invalid_grant" in str(caught.value)
     assert time.monotonic() - started < 10 and "PRIVATE KEY" not in str(caught.value)
+
+
+def test_google_s_token_service_out_of_reach_is_named() -> None:
+    """The token endpoint of a service account's key does not answer (here nothing listens at
+    the key's ``token_uri``): the outage is said as the token service's, not GCS's, with the
+    system's words for it."""
+    key = _service_account(f"http://127.0.0.1:{servers.free_port()}/token")
+    store = open_store("gs://bucket/p", Environ({}), json.dumps(key), "gcs_key")
+    store.policy = RetryPolicy(attempts=2, base_seconds=0.01, cap_seconds=0.01)
+    with store, pytest.raises(TransientStoreError) as caught:
+        store.list()
+    said = "cannot reach Google's token service (Connection refused)"
+    assert said in str(caught.value), caught.value
+
+
+def _service_account(token_uri: str) -> dict[str, str]:
+    """A service account's key as Google gives it, with a real RSA key (google-auth signs with
+    it) and its ``token_uri``."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    pem = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return {
+        "type": "service_account",
+        "project_id": "p",
+        "private_key_id": "k1",
+        "private_key": pem.decode(),
+        "client_email": "trainer@p.iam.gserviceaccount.com",
+        "token_uri": token_uri,
+    }
 
 
 @pytest.mark.parametrize(

@@ -163,8 +163,10 @@ class GCSStore(ObjectStore):
         if isinstance(exc, ConnectionError | TimeoutError) or type(exc).__module__.startswith(
             ("requests", "urllib3", "google.auth.exceptions")
         ):
+            auth = type(exc).__module__.startswith("google.auth")  # a token asked for, not GCS
+            where = "Google's token service" if auth else self.endpoint
             why = connection_cause(exc)
-            return TransientStoreError(f"{uri}: cannot reach {self.endpoint} ({why})", uri)
+            return TransientStoreError(f"{uri}: cannot reach {where} ({why})", uri)
         return exc
 
     def _key(self, key: str) -> str:
