@@ -411,7 +411,7 @@ def test_a_directory_bucket_goes_to_its_zone(s3_server: servers.SeaweedFS) -> No
     """A bucket named as S3 Express One Zone names its directory buckets goes to the zonal
     endpoint of its zone. SeaweedFS has no S3 Express (no ``CreateSession``), and its
     certificate does not hold the zone's name: this test checks where the requests go, and
-    that the refusal is a clear error at once."""
+    that the refusal is a clear error at once, naming the zone's endpoint."""
     assert s3_server.certificates is not None
     proxy = ForwardProxy(upstream=("127.0.0.1", s3_server.https_port))
     environ = {
@@ -426,7 +426,7 @@ def test_a_directory_bucket_goes_to_its_zone(s3_server: servers.SeaweedFS) -> No
             message = str(_refused(store))
         zone = f"{bucket}.s3express-usw2-az1.us-west-2.amazonaws.com"
         assert set(proxy.targets) == {f"{zone}:443"}, proxy.targets
-        assert "certificate" in message, message
+        assert "certificate" in message and f"https://{zone}" in message, message
     finally:
         proxy.close()
 

@@ -425,7 +425,7 @@ class EngineStore(ObjectStore):
         detail = _first_line(text)
         status = _STATUS.search(text)
         code = status.group(1) if status else ""
-        where = self.endpoint_url or "the service"
+        where = self.endpoint_url or self.own_endpoint()
         if _NO_CONTAINER.search(text):  # not an object missing: nothing can be read or written
             return StoreError(
                 f"{uri}: the {self.container_noun} of {self.uri()} does not exist; check its name "
@@ -490,6 +490,10 @@ class EngineStore(ObjectStore):
         if not code:  # no answer at all: connection refused, reset, timed out, no such host
             return TransientStoreError(f"{uri}: cannot reach {self._route(where)} ({said})", uri)
         return StoreError(f"{uri}: {detail}", uri)
+
+    def own_endpoint(self) -> str:
+        """Where requests go that the engine finds itself (no ``endpoint_url``), in errors."""
+        return "the service"
 
     def access_hint(self) -> str:
         """What to check where the service refused a request."""

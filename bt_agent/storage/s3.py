@@ -101,6 +101,11 @@ class S3Store(EngineStore):
         self.missing_hint = missing_hint
         self._credentials: _Keys | _BotocoreChain | None = None  # the engine's, once made
 
+    def own_endpoint(self) -> str:
+        """A directory bucket's zonal endpoint, which the engine finds from its name."""
+        zone = self.bucket.removesuffix(EXPRESS_SUFFIX).rpartition("--")[2]
+        return f"https://{self.bucket}.s3express-{zone}.{self.signing_region}.amazonaws.com"
+
     def other_region(self, region: str | None) -> str:
         named = (
             f"its region, {region}"
