@@ -1,16 +1,16 @@
 """``s3://bucket/prefix`` (and ``r2://``, ``cw://``, any S3-compatible endpoint) on obstore
 (:mod:`bt_agent.storage.engine`).
 
-What is S3's own: the endpoint (``AWS_ENDPOINT_URL(_S3)``, else the profile's, else AWS's in the
-region's partition, its FIPS or dual-stack endpoint where ``AWS_USE_FIPS_ENDPOINT`` or
-``AWS_USE_DUALSTACK_ENDPOINT`` or the profile asks for one, a directory bucket's zonal endpoint for
-S3 Express One Zone), the region, and the credentials: the keys of a secret or of the environment
-as they are (botocore, slow to import, is not, unless the shared config file names a setting of the
-endpoint), else botocore's own chain (profiles, SSO, web identity, container and instance roles,
-``credential_process``), asked again before what it gave expires. Either way the engine gets them
-through its credential provider, so that no variable of the environment is mixed into a secret's
-keys. Every request with a body carries its SHA-256 checksum (the engine's ``checksum_algorithm``),
-which the service verifies.
+What is S3's own: the endpoint (``AWS_ENDPOINT_URL(_S3)`` or the engine's ``AWS_ENDPOINT``, else
+the profile's, else AWS's in the region's partition, its FIPS or dual-stack endpoint where
+``AWS_USE_FIPS_ENDPOINT`` or ``AWS_USE_DUALSTACK_ENDPOINT`` or the profile asks for one, a
+directory bucket's zonal endpoint for S3 Express One Zone), the region, and the credentials: the
+keys of a secret or of the environment as they are (botocore, slow to import, is not, unless the
+shared config file names a setting of the endpoint), else botocore's own chain (profiles, SSO, web
+identity, container and instance roles, ``credential_process``), asked again before what it gave
+expires. Either way the engine gets them through its credential provider, so that no variable of
+the environment is mixed into a secret's keys. Every request with a body carries its SHA-256
+checksum (the engine's ``checksum_algorithm``), which the service verifies.
 """
 
 from __future__ import annotations
