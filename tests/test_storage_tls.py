@@ -244,6 +244,42 @@ def test_the_engine_s_own_endpoint_variable_is_the_agent_s_too(
     assert store.abort_uploads("") == 0
 
 
+@pytest.mark.parametrize("configured", ["variable", "profile"])
+def test_configured_endpoints_are_ignored_where_the_setting_says_so(
+    s3_server: servers.SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, configured: str
+) -> None:
+    """``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true``: neither the variable's endpoint (which the
+    engine would read itself) nor the profile's is taken, and requests go to AWS's own. There is
+    no AWS here: a proxy takes every connection to SeaweedFS (whose certificate holds AWS's
+    name), and tells which host each was for."""
+    assert s3_server.certificates is not None
+    bucket = _bucket(s3_server)
+    nowhere = f"http://127.0.0.1:{servers.free_port()}"
+    config = tmp_path / "config"
+    config.write_text("[default]\n" + ENDPOINT_FORMS["services"].format(endpoint=nowhere))
+    proxy = ForwardProxy(upstream=("127.0.0.1", s3_server.https_port))
+    environ = {
+        "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS": "true",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CA_BUNDLE": str(s3_server.certificates.ca),
+        "HTTPS_PROXY": proxy.endpoint,
+        "AWS_CONFIG_FILE": str(config),
+    }
+    if configured == "variable":
+        environ["AWS_ENDPOINT_URL"] = nowhere
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    try:
+        with open_store(f"s3://{bucket}/p", Environ(environ), SECRET, "c") as store:
+            assert store.write_bytes("model.bin", b"weights")
+            assert store.read_bytes("model.bin") == b"weights"
+        assert set(proxy.targets) == {"s3.us-east-1.amazonaws.com:443"}, proxy.targets
+    finally:
+        proxy.close()
+
+
 def test_credentials_that_expire_are_asked_for_again(
     s3_server: servers.SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

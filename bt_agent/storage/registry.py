@@ -203,7 +203,11 @@ def _environment_keys(environ: Environ) -> S3Keys | None:
 def _s3_endpoint(environ: Environ) -> str | None:
     """S3's endpoint as the variables name it: AWS's names, then the engine's own
     (``AWS_ENDPOINT``), which it would otherwise read itself where none is given, sending its
-    requests where the agent's other requests (a bucket's region, aborts) and errors do not go."""
+    requests where the agent's other requests (a bucket's region, aborts) and errors do not go;
+    none where ``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS`` is true, as botocore reads it (the engine
+    is then given AWS's endpoint, over any of its environment)."""
+    if _flag(environ, "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS"):
+        return None
     names = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT")
     return next((value for name in names if (value := environ.get(name))), None)
 

@@ -347,7 +347,9 @@ class _BotocoreChain:
         """The shared config's endpoint of S3 for the profile, as botocore finds it: the ``s3``
         subsection of the ``services`` section the profile names, else the profile's own
         ``endpoint_url`` (an ``s3`` subsection of the profile first, the form of the AWS CLI's
-        endpoint plugin)."""
+        endpoint plugin); none where ``ignore_configured_endpoint_urls`` is set."""
+        if self.flag("ignore_configured_endpoint_urls"):
+            return None
         scoped = self.session.get_scoped_config()
         sections = self.session.full_config.get("services", {})
         named = sections.get(scoped.get("services"), {})
