@@ -943,6 +943,9 @@ def test_a_bucket_outside_the_default_region_is_found_where_no_region_is_set(
         with open_store("s3://far-bucket/p", Environ({}), SECRET, "creds") as store:
             assert isinstance(store, S3Store)
             assert store.engine.config["region"] == "eu-central-1"
+        with store:  # its engine made again after close: the region found is kept
+            assert store.engine.config["region"] == "eu-central-1"
+            assert store.engine.config["endpoint"] == "https://s3.eu-central-1.amazonaws.com"
         asked = len(aws.seen)
         assert asked and set(aws.seen) == {"HEAD /far-bucket"}  # botocore follows its redirect
         given = Environ({"AWS_DEFAULT_REGION": "us-west-2"})

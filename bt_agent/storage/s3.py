@@ -137,7 +137,7 @@ class S3Store(EngineStore):
         express = not self.endpoint_url and self.bucket.endswith(EXPRESS_SUFFIX)
         if region is None and not self.endpoint_url and not express:  # AWS, no region set
             region = bucket_region(self.bucket, self.ca_bundle, self._proxy(), REGION_ENDPOINT)
-        self.signing_region = region = region or "us-east-1"
+        self.region = self.signing_region = region = region or "us-east-1"  # kept for a remake
         if express:
             config["s3_express"] = True  # the engine finds the zone's endpoint and sessions
         else:
