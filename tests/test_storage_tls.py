@@ -952,6 +952,10 @@ def test_a_bucket_outside_the_default_region_is_found_where_no_region_is_set(
         with open_store("s3://far-bucket/p", given, SECRET, "creds") as store:
             assert isinstance(store, S3Store)
             assert store.engine.config["region"] == "us-west-2", "a region set is kept"
+        given = Environ({"AWS_REGION": "us-west-2"})  # the other SDKs' variable
+        with open_store("s3://far-bucket/p", given, SECRET, "creds") as store:
+            assert isinstance(store, S3Store)
+            assert store.engine.config["region"] == "us-west-2"
         assert len(aws.seen) == asked, "and not asked of AWS"
     finally:
         aws.shutdown()

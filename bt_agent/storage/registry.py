@@ -34,7 +34,9 @@ CW_ENDPOINT = "https://cwobject.com"  # CoreWeave AI Object Storage, from anywhe
 CW_ENDPOINT_VARIABLE = "BT_CW_ENDPOINT_URL"  # another: http://cwlota.com inside CoreWeave
 CA_BUNDLE_VARIABLE = "AWS_CA_BUNDLE"  # a PEM file of CAs trusted beside the system's
 DATASETS = "datasets"  # hf://datasets/owner/name: a dataset, as huggingface_hub names one
-REGION_VARIABLE = "AWS_DEFAULT_REGION"  # botocore's; where unset, botocore reads the profile
+#: The variables of the region: botocore's, then the one the AWS CLI v2 and AWS's other SDKs
+#: read (set in AWS's containers); where neither is set, the profile's is read.
+REGION_VARIABLES = ("AWS_DEFAULT_REGION", "AWS_REGION")
 #: The schemes of the stores that go through the object-store engine (gs:// stays on
 #: google-cloud-storage, hf:// on huggingface_hub; https:// sources go through it too).
 ENGINE_SCHEMES = ("s3://", "r2://", "cw://", "azure://")
@@ -61,7 +63,7 @@ def open_store(
             parsed.netloc,
             parsed.path,
             keys=keys,
-            region=(keys.region if keys else None) or environ.get(REGION_VARIABLE),
+            region=_region(environ, keys),
             endpoint_url=_s3_endpoint(environ),
             ca_bundle=environ.get(CA_BUNDLE_VARIABLE),
             proxies=_proxies(environ),
@@ -149,7 +151,7 @@ def _coreweave(url: str, environ: Environ, secret: str | None, secret_name: str)
         url=url.rstrip("/"),
         keys=keys,
         endpoint_url=environ.get(CW_ENDPOINT_VARIABLE) or CW_ENDPOINT,
-        region=(keys.region if keys else None) or environ.get(REGION_VARIABLE),
+        region=_region(environ, keys),
         ca_bundle=environ.get(CA_BUNDLE_VARIABLE),
         proxies=_proxies(environ),
         virtual_hosted=True,
@@ -200,6 +202,11 @@ def _environment_keys(environ: Environ) -> S3Keys | None:
     return S3Keys(key_id, secret_key, session_token=environ.get("AWS_SESSION_TOKEN") or None)
 
 
+def _region(environ: Environ, keys: S3Keys | None) -> str | None:
+    """The region the secret's keys name, else the variables' (:data:`REGION_VARIABLES`)."""
+    return (keys.region if keys else None) or _first_set(environ, REGION_VARIABLES)
+
+
 def _s3_endpoint(environ: Environ) -> str | None:
     """S3's endpoint as the variables name it: AWS's names, then the engine's own
     (``AWS_ENDPOINT``), which it would otherwise read itself where none is given, sending its
@@ -208,7 +215,11 @@ def _s3_endpoint(environ: Environ) -> str | None:
     is then given AWS's endpoint, over any of its environment)."""
     if _flag(environ, "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS"):
         return None
-    names = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT")
+    return _first_set(environ, ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"))
+
+
+def _first_set(environ: Environ, names: tuple[str, ...]) -> str | None:
+    """The value of the first of ``names`` that is set."""
     return next((value for name in names if (value := environ.get(name))), None)
 
 
