@@ -102,7 +102,10 @@ class S3Store(EngineStore):
         self._credentials: _Keys | _BotocoreChain | None = None  # the engine's, once made
 
     def own_endpoint(self) -> str:
-        """A directory bucket's zonal endpoint, which the engine finds from its name."""
+        """A directory bucket's zonal endpoint, which the engine finds from its name (every
+        other endpoint is given to the engine)."""
+        if not self.bucket.endswith(EXPRESS_SUFFIX):
+            return super().own_endpoint()
         zone = self.bucket.removesuffix(EXPRESS_SUFFIX).rpartition("--")[2]
         return f"https://{self.bucket}.s3express-{zone}.{self.signing_region}.amazonaws.com"
 
