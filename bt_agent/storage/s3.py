@@ -230,8 +230,10 @@ class S3Store(EngineStore):
 def names_endpoint_settings(path: str | None) -> bool:
     """Whether the shared config file at ``path`` names one of :data:`ENDPOINT_SETTINGS` (in any
     profile: the file is not parsed, only looked through); False where there is no such file."""
+    if not path:
+        return False
     try:
-        with open(path or "", "rb") as config:
+        with open(path, "rb") as config:
             text = config.read()
     except OSError:
         return False
