@@ -243,10 +243,8 @@ def _proxies(environ: Environ) -> Proxies:
     its own), as curl and botocore read them."""
     from bt_agent.storage.engine import Proxies
 
-    def first(*names: str) -> str | None:
-        return next(
-            (v for name in names for v in (environ.get(name), environ.get(name.lower())) if v), None
-        )
+    def first(*names: str) -> str | None:  # each name in either case
+        return _first_set(environ, tuple(n for name in names for n in (name, name.lower())))
 
     return Proxies(
         https=first("HTTPS_PROXY", "ALL_PROXY"),
