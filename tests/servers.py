@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from bt_agent.storage.azure import EMULATOR_KEY
+
 BIN = Path(__file__).resolve().parent / "bin"
 ACCESS_KEY, SECRET_KEY = "bt-test-key", "bt-test-secret"
 VOLUMES = 1000  # the most volumes a SeaweedFS of the tests may hold
@@ -498,9 +500,7 @@ def static_https(root: Path, tls: Certificates | None = None, **behaviour: str) 
 
 #: Azurite's well-known development account (the same in every Azurite).
 AZURITE_ACCOUNT = "devstoreaccount1"
-AZURITE_KEY = (
-    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-)
+AZURITE_KEY = EMULATOR_KEY
 
 
 @dataclass

@@ -1322,6 +1322,32 @@ def test_azure_requests_go_to_the_cloud_of_the_connection_string(
     assert key not in str(refused.value)
 
 
+def test_azure_emulator_of_the_engine_s_variables(
+    azure_server: servers.Azurite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``AZURE_STORAGE_USE_EMULATOR`` (object_store's variable, with ``AZURITE_BLOB_STORAGE_URL``
+    for Azurite's address) is where requests go, and errors name it; with the emulator's key
+    where no credentials are given, else with those given (a SAS token that allows reading
+    only: a write is refused, where the engine alone would sign it with the emulator's key)."""
+    container = f"c{uuid.uuid4().hex[:12]}"
+    azure_server.create_container(container)
+    variables = {
+        "AZURE_STORAGE_USE_EMULATOR": "true",
+        "AZURITE_BLOB_STORAGE_URL": azure_server.endpoint.rsplit("/", 1)[0],
+    }
+    for name, value in variables.items():  # the engine reads the process's environment too
+        monkeypatch.setenv(name, value)
+    url = f"azure://{servers.AZURITE_ACCOUNT}/{container}/data"
+    with open_store(url, Environ(variables)) as store:
+        assert isinstance(store, AzureStore) and store.endpoint_url == azure_server.endpoint
+        assert store.write_bytes("model.bin", b"weights")
+    read_only = azure_server.sas_connection_string("rl").split("SharedAccessSignature=")[1]
+    with open_store(url, Environ(variables), read_only, "azure_sas") as store:
+        assert [info.key for info in store.list()] == ["model.bin"]
+        with pytest.raises(AccessDeniedError):
+            store.write_bytes("other.bin", b"weights")
+
+
 def test_azure_account_key_from_either_variable() -> None:
     """The account key of ``AZURE_STORAGE_ACCOUNT_KEY`` (the engine's name) or, where that is
     unset, ``AZURE_STORAGE_KEY`` (the Azure CLI's); a value that is no key is an error naming

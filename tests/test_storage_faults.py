@@ -399,6 +399,9 @@ def test_retry_gives_up_and_says_so() -> None:
     with pytest.raises(TransientStoreError, match="gave up after 2 attempts") as caught:
         retry(always, RetryPolicy(attempts=2), sleep=lambda s: None)
     assert caught.value.uri == "s3://b/k"
+    with pytest.raises(TransientStoreError) as once:  # one attempt: nothing given up
+        retry(always, RetryPolicy(attempts=1), sleep=lambda s: None)
+    assert str(once.value) == "s3://b/k: cannot reach the endpoint"
 
 
 def test_retry_for_waits_out_an_outage_then_gives_up_or_stops() -> None:

@@ -26,6 +26,13 @@ if TYPE_CHECKING:
 
 #: An account's blob endpoint in Azure's global cloud, where no connection string names another.
 GLOBAL_ENDPOINT = "https://{account}.blob.core.windows.net"
+#: Azurite's address (and the older Storage Emulator's), where the engine's
+#: ``AZURE_STORAGE_USE_EMULATOR`` sends requests unless ``AZURITE_BLOB_STORAGE_URL`` names another.
+EMULATOR_URL = "http://127.0.0.1:10000"
+#: The key of the emulators' development account, published by Microsoft: the same in every one.
+EMULATOR_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
 
 
 class AzureStore(EngineStore):
@@ -75,7 +82,14 @@ class AzureStore(EngineStore):
     def _make_engine(self) -> Any:
         from obstore.store import AzureStore as Engine
 
-        config: dict[str, Any] = {"account_name": self.account, "endpoint": self.endpoint_url}
+        # The emulator's variable is read where the store is opened (:mod:`registry`): the
+        # engine, reading it too, would send requests past the endpoint named here, with the
+        # emulator's key in place of the credentials given.
+        config: dict[str, Any] = {
+            "account_name": self.account,
+            "endpoint": self.endpoint_url,
+            "use_emulator": False,
+        }
         if given := self._given():
             config["credential_provider"] = _Given(given)
         return Engine(

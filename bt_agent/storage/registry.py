@@ -169,6 +169,8 @@ def _azure(url: str, environ: Environ, secret: str | None, secret_name: str) -> 
         credentials = azure_credentials(secret, secret_name)
     else:
         credentials = _azure_environment(environ)
+    if not credentials.endpoint and _truthy(environ.get("AZURE_STORAGE_USE_EMULATOR")):
+        credentials = _emulated(credentials, parsed.netloc, environ)
     return AzureStore(
         parsed.netloc,
         container,
@@ -190,6 +192,22 @@ def _azure_environment(environ: Environ) -> AzureCredentials:
     ]
     key = next((account_key(value, name) for name, value in keys if value), None)
     return AzureCredentials(key, (environ.get("AZURE_STORAGE_SAS_TOKEN") or "").lstrip("?") or None)
+
+
+def _emulated(given: AzureCredentials, account: str, environ: Environ) -> AzureCredentials:
+    """Azurite, as the engine's own variables name it (``AZURE_STORAGE_USE_EMULATOR``, with
+    ``AZURITE_BLOB_STORAGE_URL`` for another address than its default): requests go to the
+    account's path there, with the credentials given, else the emulator's published key."""
+    from bt_agent.storage.azure import EMULATOR_KEY, EMULATOR_URL
+
+    address = (environ.get("AZURITE_BLOB_STORAGE_URL") or EMULATOR_URL).rstrip("/")
+    key = given.account_key or (None if given.sas_token else EMULATOR_KEY)
+    return AzureCredentials(key, given.sas_token, f"{address}/{account}")
+
+
+def _truthy(value: str | None) -> bool:
+    """A yes-or-no variable as the engine (object_store) reads it."""
+    return (value or "").strip().lower() in ("1", "true", "on", "yes", "y")
 
 
 def _environment_keys(environ: Environ) -> S3Keys | None:

@@ -46,12 +46,14 @@ def retry(
     sleep: Callable[[float], None] = time.sleep,
 ) -> T:
     """``call()``, again after each :class:`TransientStoreError` until the attempts are spent;
-    the last error says how many attempts were made."""
+    the last error says how many attempts were made (where there were more than one)."""
     for attempt in range(policy.attempts):
         try:
             return call()
         except TransientStoreError as exc:
             if attempt + 1 >= policy.attempts:
+                if policy.attempts == 1:
+                    raise
                 raise TransientStoreError(
                     f"{exc} (gave up after {policy.attempts} attempts)", exc.uri
                 ) from exc
