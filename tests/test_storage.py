@@ -1348,6 +1348,26 @@ def test_azure_emulator_of_the_engine_s_variables(
             store.write_bytes("other.bin", b"weights")
 
 
+def test_an_azure_connection_string_of_another_account_is_refused_at_once() -> None:
+    """A connection string whose ``AccountName`` is not the URL's account, in the secret or
+    the variable: its key would be refused by the URL's account, which the service says only
+    as a failed authentication. It is an error naming both accounts, never the key."""
+    key = base64.b64encode(b"k" * 64).decode()
+    connection = f"DefaultEndpointsProtocol=https;AccountName=other;AccountKey={key}"
+    url = "azure://acct/models/p"
+    for opening in (
+        lambda: open_store(url, Environ({}), connection, "azure_creds"),
+        lambda: open_store(url, Environ({"AZURE_STORAGE_CONNECTION_STRING": connection})),
+    ):
+        with pytest.raises(AccessDeniedError) as caught:
+            opening()
+        said = str(caught.value)
+        assert "of the storage account 'other', not of 'acct' (the URL's)" in said, said
+        assert key not in said
+    same = connection.replace("AccountName=other", "AccountName=acct")
+    assert isinstance(open_store(url, Environ({}), same, "azure_creds"), AzureStore)
+
+
 def test_azure_account_key_from_either_variable() -> None:
     """The account key of ``AZURE_STORAGE_ACCOUNT_KEY`` (the engine's name) or, where that is
     unset, ``AZURE_STORAGE_KEY`` (the Azure CLI's); a value that is no key is an error naming

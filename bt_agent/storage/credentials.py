@@ -69,12 +69,12 @@ class AzureCredentials:
     endpoint: str | None = None
 
 
-def azure_credentials(secret: str, name: str) -> AzureCredentials:
-    """A connection string, a SAS token or an account key, as the Azure portal gives them;
-    the error names the secret, never its content."""
+def azure_credentials(secret: str, name: str, account: str) -> AzureCredentials:
+    """A connection string, a SAS token or an account key, as the Azure portal gives them, for
+    the storage ``account``; the error names the secret, never its content."""
     text = secret.strip()
     if "AccountKey=" in text or "SharedAccessSignature=" in text:
-        return azure_connection_string(text, f"secret {name!r}")
+        return azure_connection_string(text, f"secret {name!r}", account)
     if "sig=" in text and "=" in text.lstrip("?"):
         return AzureCredentials(sas_token=text.lstrip("?"))
     if not text:
@@ -99,7 +99,10 @@ def account_key(text: str, what: str) -> str:
     return text
 
 
-def azure_connection_string(text: str, what: str) -> AzureCredentials:
+def azure_connection_string(text: str, what: str, account: str) -> AzureCredentials:
+    """The credentials and endpoint of a connection string for the storage ``account``: one
+    of another account (its ``AccountName``) is an error naming both, as its key or token
+    would be refused there."""
     fields: dict[str, str] = {}
     for part in text.split(";"):
         name, sep, value = part.strip().partition("=")
@@ -109,6 +112,12 @@ def azure_connection_string(text: str, what: str) -> AzureCredentials:
     if not key and not sas:
         raise AccessDeniedError(
             f"{what} is a connection string with neither AccountKey nor SharedAccessSignature"
+        )
+    named = fields.get("AccountName")
+    if named and named != account:
+        raise AccessDeniedError(
+            f"{what} is a connection string of the storage account {named!r}, not of "
+            f"{account!r} (the URL's); give that account's, or name {named!r} in the URL"
         )
     return AzureCredentials(
         account_key(key, what) if key else None,

@@ -166,9 +166,9 @@ def _azure(url: str, environ: Environ, secret: str | None, secret_name: str) -> 
     if not parsed.netloc or not container:
         raise UsageError(f"invalid Azure URL {url!r}: use azure://<account>/<container>/path")
     if secret is not None:
-        credentials = azure_credentials(secret, secret_name)
+        credentials = azure_credentials(secret, secret_name, parsed.netloc)
     else:
-        credentials = _azure_environment(environ)
+        credentials = _azure_environment(environ, parsed.netloc)
     if not credentials.endpoint and _truthy(environ.get("AZURE_STORAGE_USE_EMULATOR")):
         credentials = _emulated(credentials, parsed.netloc, environ)
     return AzureStore(
@@ -181,12 +181,12 @@ def _azure(url: str, environ: Environ, secret: str | None, secret_name: str) -> 
     )
 
 
-def _azure_environment(environ: Environ) -> AzureCredentials:
+def _azure_environment(environ: Environ, account: str) -> AzureCredentials:
     """The standard variables of Azure's tools: the account key as the engine's own name
     (``AZURE_STORAGE_ACCOUNT_KEY``) or the Azure CLI's (``AZURE_STORAGE_KEY``) has it."""
     connection = environ.get("AZURE_STORAGE_CONNECTION_STRING")
     if connection:
-        return azure_connection_string(connection, "AZURE_STORAGE_CONNECTION_STRING")
+        return azure_connection_string(connection, "AZURE_STORAGE_CONNECTION_STRING", account)
     keys = [
         (name, environ.get(name)) for name in ("AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_KEY")
     ]
