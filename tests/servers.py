@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from bt_agent.storage.azure import EMULATOR_KEY
+from bt_agent.storage.credentials import EMULATOR_ACCOUNT, EMULATOR_KEY
 
 BIN = Path(__file__).resolve().parent / "bin"
 ACCESS_KEY, SECRET_KEY = "bt-test-key", "bt-test-secret"
@@ -499,7 +499,7 @@ def static_https(root: Path, tls: Certificates | None = None, **behaviour: str) 
 
 
 #: Azurite's well-known development account (the same in every Azurite).
-AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_ACCOUNT = EMULATOR_ACCOUNT
 AZURITE_KEY = EMULATOR_KEY
 
 

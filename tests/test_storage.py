@@ -1368,6 +1368,40 @@ def test_an_azure_connection_string_of_another_account_is_refused_at_once() -> N
     assert isinstance(open_store(url, Environ({}), same, "azure_creds"), AzureStore)
 
 
+def test_azure_connection_strings_as_azure_s_sdks_read_them(
+    azure_server: servers.Azurite,
+) -> None:
+    """A connection string's fields in any case (Azure's SDKs read them so), and
+    ``UseDevelopmentStorage=true``, the emulator's development account at its address (or its
+    ``DevelopmentStorageProxyUri``'s host), as Azure's tools and docs write it for Azurite."""
+    container = f"c{uuid.uuid4().hex[:12]}"
+    azure_server.create_container(container)
+    url = f"azure://{servers.AZURITE_ACCOUNT}/{container}/data"
+    lower = (
+        f"defaultendpointsprotocol=http;accountname={servers.AZURITE_ACCOUNT};"
+        f"accountkey={servers.AZURITE_KEY};blobendpoint={azure_server.endpoint}"
+    )
+    for opening in (
+        lambda: open_store(url, Environ({}), lower, "azure_creds"),
+        lambda: open_store(url, Environ({"AZURE_STORAGE_CONNECTION_STRING": lower})),
+    ):
+        with opening() as store:
+            assert store.write_bytes("model.bin", b"weights")
+            assert [info.key for info in store.list()] == ["model.bin"]
+    for connection, endpoint in (
+        ("UseDevelopmentStorage=true", "http://127.0.0.1:10000/devstoreaccount1"),
+        (
+            "UseDevelopmentStorage=true;DevelopmentStorageProxyUri=http://emulator",
+            "http://emulator:10000/devstoreaccount1",
+        ),
+    ):
+        store = open_store(url, Environ({"AZURE_STORAGE_CONNECTION_STRING": connection}))
+        assert isinstance(store, AzureStore) and store.endpoint_url == endpoint
+        assert store.credentials.account_key == servers.AZURITE_KEY
+    with pytest.raises(AccessDeniedError, match="of the storage account 'devstoreaccount1'"):
+        open_store("azure://acct/c", Environ({}), "UseDevelopmentStorage=true", "azure_creds")
+
+
 def test_azure_account_key_from_either_variable() -> None:
     """The account key of ``AZURE_STORAGE_ACCOUNT_KEY`` (the engine's name) or, where that is
     unset, ``AZURE_STORAGE_KEY`` (the Azure CLI's); a value that is no key is an error naming

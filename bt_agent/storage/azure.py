@@ -26,13 +26,6 @@ if TYPE_CHECKING:
 
 #: An account's blob endpoint in Azure's global cloud, where no connection string names another.
 GLOBAL_ENDPOINT = "https://{account}.blob.core.windows.net"
-#: Azurite's address (and the older Storage Emulator's), where the engine's
-#: ``AZURE_STORAGE_USE_EMULATOR`` sends requests unless ``AZURITE_BLOB_STORAGE_URL`` names another.
-EMULATOR_URL = "http://127.0.0.1:10000"
-#: The key of the emulators' development account, published by Microsoft: the same in every one.
-EMULATOR_KEY = (
-    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-)
 
 
 class AzureStore(EngineStore):

@@ -1,8 +1,9 @@
 """Credentials for a weights source, from the secret named in the spec (REFERENCE.md §5).
 
 HF: the token itself. S3 and R2: JSON ``{"aws_access_key_id", "aws_secret_access_key",
-"aws_region"?, "aws_session_token"?}``. GCS: a service-account JSON. The store's own credentials
-come from each SDK's standard environment instead. Values never appear in errors or ``repr``.
+"aws_region"?, "aws_session_token"?}``. GCS: a service-account JSON. Azure: a connection string,
+a SAS token or the account key. The store's own credentials come from each SDK's standard
+environment instead. Values never appear in errors or ``repr``.
 """
 
 from __future__ import annotations
@@ -69,11 +70,23 @@ class AzureCredentials:
     endpoint: str | None = None
 
 
+#: Azurite's address (and the older Storage Emulator's), where the engine's
+#: ``AZURE_STORAGE_USE_EMULATOR`` sends requests unless ``AZURITE_BLOB_STORAGE_URL`` names another.
+EMULATOR_URL = "http://127.0.0.1:10000"
+#: The emulators' development account and its key, published by Microsoft: the same in each.
+EMULATOR_ACCOUNT = "devstoreaccount1"
+EMULATOR_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+#: The fields that make a text a connection string rather than a key or a SAS token.
+_CONNECTION_FIELDS = {"accountkey", "sharedaccesssignature", "usedevelopmentstorage"}
+
+
 def azure_credentials(secret: str, name: str, account: str) -> AzureCredentials:
     """A connection string, a SAS token or an account key, as the Azure portal gives them, for
     the storage ``account``; the error names the secret, never its content."""
     text = secret.strip()
-    if "AccountKey=" in text or "SharedAccessSignature=" in text:
+    if _connection_fields(text).keys() & _CONNECTION_FIELDS:
         return azure_connection_string(text, f"secret {name!r}", account)
     if "sig=" in text and "=" in text.lstrip("?"):
         return AzureCredentials(sas_token=text.lstrip("?"))
@@ -100,20 +113,25 @@ def account_key(text: str, what: str) -> str:
 
 
 def azure_connection_string(text: str, what: str, account: str) -> AzureCredentials:
-    """The credentials and endpoint of a connection string for the storage ``account``: one
-    of another account (its ``AccountName``) is an error naming both, as its key or token
-    would be refused there."""
-    fields: dict[str, str] = {}
-    for part in text.split(";"):
-        name, sep, value = part.strip().partition("=")
-        if sep:
-            fields[name] = value
-    key, sas = fields.get("AccountKey"), fields.get("SharedAccessSignature")
+    """The credentials and endpoint of a connection string for the storage ``account`` (its
+    fields' names in any case, as Azure's SDKs read them): one of another account (its
+    ``AccountName``) is an error naming both, as its key or token would be refused there.
+    ``UseDevelopmentStorage=true`` is the emulator's development account, at its address
+    (or its ``DevelopmentStorageProxyUri``'s host)."""
+    fields = _connection_fields(text)
+    if fields.get("usedevelopmentstorage", "").lower() == "true":
+        host = fields.get("developmentstorageproxyuri", EMULATOR_URL.rpartition(":")[0])
+        fields = {
+            "accountname": EMULATOR_ACCOUNT,
+            "accountkey": EMULATOR_KEY,
+            "blobendpoint": f"{host.rstrip('/')}:10000/{EMULATOR_ACCOUNT}",
+        }
+    key, sas = fields.get("accountkey"), fields.get("sharedaccesssignature")
     if not key and not sas:
         raise AccessDeniedError(
             f"{what} is a connection string with neither AccountKey nor SharedAccessSignature"
         )
-    named = fields.get("AccountName")
+    named = fields.get("accountname")
     if named and named != account:
         raise AccessDeniedError(
             f"{what} is a connection string of the storage account {named!r}, not of "
@@ -122,15 +140,25 @@ def azure_connection_string(text: str, what: str, account: str) -> AzureCredenti
     return AzureCredentials(
         account_key(key, what) if key else None,
         sas.lstrip("?") if sas else None,
-        fields.get("BlobEndpoint") or _blob_endpoint(fields),
+        fields.get("blobendpoint") or _blob_endpoint(fields),
     )
+
+
+def _connection_fields(text: str) -> dict[str, str]:
+    """A connection string's fields (``Name=value;...``), by their names in lower case."""
+    fields: dict[str, str] = {}
+    for part in text.split(";"):
+        name, sep, value = part.strip().partition("=")
+        if sep:
+            fields[name.lower()] = value
+    return fields
 
 
 def _blob_endpoint(fields: dict[str, str]) -> str | None:
     """The blob endpoint of a connection string that names its account's cloud by its
     ``EndpointSuffix`` (``core.chinacloudapi.cn``, ``core.usgovcloudapi.net``), as Azure's SDKs
     make it; None where it does not."""
-    account, suffix = fields.get("AccountName"), fields.get("EndpointSuffix")
+    account, suffix = fields.get("accountname"), fields.get("endpointsuffix")
     if not account or not suffix:
         return None
-    return f"{fields.get('DefaultEndpointsProtocol') or 'https'}://{account}.blob.{suffix}"
+    return f"{fields.get('defaultendpointsprotocol') or 'https'}://{account}.blob.{suffix}"

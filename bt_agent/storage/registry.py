@@ -10,6 +10,8 @@ from bt_agent.settings import Environ
 from bt_agent.spec.urls import unreadable_url
 from bt_agent.storage.base import ObjectStore
 from bt_agent.storage.credentials import (
+    EMULATOR_KEY,
+    EMULATOR_URL,
     AzureCredentials,
     S3Keys,
     account_key,
@@ -198,8 +200,6 @@ def _emulated(given: AzureCredentials, account: str, environ: Environ) -> AzureC
     """Azurite, as the engine's own variables name it (``AZURE_STORAGE_USE_EMULATOR``, with
     ``AZURITE_BLOB_STORAGE_URL`` for another address than its default): requests go to the
     account's path there, with the credentials given, else the emulator's published key."""
-    from bt_agent.storage.azure import EMULATOR_KEY, EMULATOR_URL
-
     address = (environ.get("AZURITE_BLOB_STORAGE_URL") or EMULATOR_URL).rstrip("/")
     key = given.account_key or (None if given.sas_token else EMULATOR_KEY)
     return AzureCredentials(key, given.sas_token, f"{address}/{account}")
