@@ -1296,24 +1296,30 @@ def test_azure_credentials_given_come_before_those_of_the_environment(
 
 
 @pytest.mark.parametrize(
-    ("suffix", "endpoint"),
+    ("fields", "endpoint"),
     [
+        ("DefaultEndpointsProtocol=https;", "https://acct.blob.core.windows.net"),
         ("", "https://acct.blob.core.windows.net"),
-        (";EndpointSuffix=core.chinacloudapi.cn", "https://acct.blob.core.chinacloudapi.cn"),
+        ("DefaultEndpointsProtocol=http;", "http://acct.blob.core.windows.net"),
+        (
+            "DefaultEndpointsProtocol=https;EndpointSuffix=core.chinacloudapi.cn;",
+            "https://acct.blob.core.chinacloudapi.cn",
+        ),
     ],
-    ids=["global", "china"],
+    ids=["global", "no-protocol", "plain-http", "china"],
 )
 def test_azure_requests_go_to_the_cloud_of_the_connection_string(
-    suffix: str, endpoint: str
+    fields: str, endpoint: str
 ) -> None:
     """A connection string's ``EndpointSuffix`` names its account's cloud (Azure China's,
-    Azure Government's), where requests go; without one, Azure's global cloud. There is no
-    Azure here: a proxy that refuses every connection is in the way, and the error names where
-    the requests were for."""
+    Azure Government's), where requests go; without one, Azure's global cloud; over its
+    ``DefaultEndpointsProtocol``, else https. There is no Azure here: a proxy that refuses
+    every connection is in the way, and the error names where the requests were for."""
     key = base64.b64encode(b"k" * 64).decode()
-    secret = f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={key}{suffix}"
+    secret = f"{fields}AccountName=acct;AccountKey={key}"
     proxy = f"http://127.0.0.1:{servers.free_port()}"  # nothing listens there
-    store = open_store("azure://acct/models/p", Environ({"HTTPS_PROXY": proxy}), secret, "az")
+    environ = Environ({"HTTPS_PROXY": proxy, "HTTP_PROXY": proxy})
+    store = open_store("azure://acct/models/p", environ, secret, "az")
     store.policy = RetryPolicy(attempts=2, base_seconds=0.01, cap_seconds=0.01)
     with store, pytest.raises(TransientStoreError) as refused:
         store.list()

@@ -155,10 +155,12 @@ def _connection_fields(text: str) -> dict[str, str]:
 
 
 def _blob_endpoint(fields: dict[str, str]) -> str | None:
-    """The blob endpoint of a connection string that names its account's cloud by its
-    ``EndpointSuffix`` (``core.chinacloudapi.cn``, ``core.usgovcloudapi.net``), as Azure's SDKs
-    make it; None where it does not."""
-    account, suffix = fields.get("accountname"), fields.get("endpointsuffix")
-    if not account or not suffix:
+    """The blob endpoint of a connection string that names its account, as Azure's SDKs make
+    it: in the cloud of its ``EndpointSuffix`` (``core.chinacloudapi.cn``,
+    ``core.usgovcloudapi.net``; else Azure's global one), over its ``DefaultEndpointsProtocol``
+    (else https); None where it names no account."""
+    account = fields.get("accountname")
+    if not account:
         return None
+    suffix = fields.get("endpointsuffix") or "core.windows.net"
     return f"{fields.get('defaultendpointsprotocol') or 'https'}://{account}.blob.{suffix}"
