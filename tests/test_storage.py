@@ -1259,24 +1259,53 @@ def test_a_bucket_that_does_not_exist_is_no_missing_object(
             assert f"the {noun} of {url} does not exist" in str(caught.value), caught.value
 
 
+@pytest.mark.parametrize(
+    ("variables", "identity"),
+    [
+        ({}, "the machine's managed identity"),
+        (
+            {"AZURE_FEDERATED_TOKEN_FILE": "token"},
+            "the workload identity of AZURE_CLIENT_ID and AZURE_FEDERATED_TOKEN_FILE",
+        ),
+        (
+            {"AZURE_CLIENT_SECRET": "s3cr3t-value"},
+            "the service principal of AZURE_CLIENT_ID and AZURE_CLIENT_SECRET",
+        ),
+    ],
+    ids=["managed", "workload", "service-principal"],
+)
 def test_azure_without_credentials_says_where_they_come_from(
-    monkeypatch: pytest.MonkeyPatch,
+    variables: dict[str, str], identity: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No secret and no ``AZURE_STORAGE_*``: the engine asks the machine's managed identity,
-    which is not there (its endpoint here refuses connections). That is said at once, with
-    where credentials can come from (it was an outage waited out, or "access denied")."""
+    """No secret and no ``AZURE_STORAGE_*``: the engine asks for a token of the identity the
+    variables of Azure's identity library name (AKS's workload identity, a service principal),
+    else of the machine's managed identity; none is there (their endpoints here refuse
+    connections). That is said at once, naming the identity and where else credentials can
+    come from (it was an outage waited out, or "access denied"), never a secret's value."""
+    refused = f"http://127.0.0.1:{servers.free_port()}"
     for name in ("CONNECTION_STRING", "ACCOUNT_KEY", "SAS_TOKEN"):
         monkeypatch.delenv(f"AZURE_STORAGE_{name}", raising=False)
-    monkeypatch.setenv("AZURE_MSI_ENDPOINT", f"http://127.0.0.1:{servers.free_port()}/token")
+    given = {"AZURE_MSI_ENDPOINT": f"{refused}/token", **variables}
+    if variables:
+        (tmp_path / "token").write_text("a-projected-token")
+        given |= {"AZURE_CLIENT_ID": "client", "AZURE_TENANT_ID": "tenant"}
+        given |= {"AZURE_AUTHORITY_HOST": f"https://127.0.0.1:{servers.free_port()}"}
+        given |= {name: str(tmp_path / "token") for name in variables if "FILE" in name}
+    for name in ("AZURE_FEDERATED_TOKEN_FILE", "AZURE_CLIENT_SECRET", "AZURE_CLIENT_ID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in given.items():  # the engine reads the process's environment
+        monkeypatch.setenv(name, value)
     started = time.monotonic()
     with (
-        open_store("azure://account/models/p", Environ({})) as store,
+        open_store("azure://account/models/p", Environ(given)) as store,
         pytest.raises(AccessDeniedError) as caught,
     ):
         store.list()
     message = str(caught.value)
-    assert "no credentials: the machine's managed identity gave none" in message, message
+    assert f"no credentials: {identity} gave none (cannot reach http" in message, message
+    assert "/token: Connection refused)" in message, message
     assert "or set AZURE_STORAGE_CONNECTION_STRING" in message and time.monotonic() - started < 10
+    assert "s3cr3t-value" not in message and "a-projected-token" not in message
 
 
 def test_azure_credentials_given_come_before_those_of_the_environment(

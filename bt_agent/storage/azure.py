@@ -46,6 +46,7 @@ class AzureStore(EngineStore):
         tuning: Tuning | None = None,
         ca_bundle: str | None = None,
         proxies: Proxies | None = None,
+        token_identity: str | None = None,
     ) -> None:
         prefix = prefix.strip("/")
         named = credentials.endpoint if credentials else None
@@ -55,6 +56,8 @@ class AzureStore(EngineStore):
         self.account = account
         self.container = container
         self.credentials = credentials or AzureCredentials()
+        if token_identity:
+            self.token_identity = token_identity
 
     def access_hint(self) -> str:
         if not self.credentials.sas_token:

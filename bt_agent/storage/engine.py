@@ -104,6 +104,8 @@ _REGION = re.compile(r"(?:expecting '|<Region>)([\w-]+)")
 #: Why a connection failed, in the words of the system or the resolver, as the engine's report
 #: quotes them (its first line only says "error sending request").
 _CAUSE = re.compile(r'(?:message|error): "([^"]+)"')
+#: Where the engine asked for a token of an identity (its query left out where it is shown).
+_TOKEN_URL = re.compile(r"Error performing (?:GET|POST) (\S+) in ")
 #: A credential provider of ours that failed (botocore's chain: no credentials, an SSO session
 #: expired, a credential_process that failed), as the engine reports it.
 _PROVIDER_FAILED = re.compile(r"credential provider: (\w+): ([^\n]+)")
@@ -196,6 +198,8 @@ class EngineStore(ObjectStore):
     ca_variable = "SSL_CERT_FILE"
     container_noun = "bucket"  # what the service calls the place objects are kept in
     credentials_hint = "name a secret holding them"  # where else credentials can come from
+    #: Whose token the engine asks for where it was given no credentials, in errors.
+    token_identity = "the machine's managed identity"
     #: Where else a container the endpoint does not hold may be (``; ...``), said where the
     #: service says it has no such container, or refuses a request (as R2 does some).
     missing_hint = ""
@@ -444,9 +448,12 @@ class EngineStore(ObjectStore):
             return NotFoundError(
                 f"{uri} does not exist; check the {self.container_noun} and the path", uri
             )
-        if "Error performing token request" in text:  # a managed identity's, of no use here
+        if "Error performing token request" in text:  # the identity's, of no use here
+            asked, causes = _TOKEN_URL.search(text), _CAUSE.findall(text)
+            if asked and causes:  # its endpoint out of reach (the metadata service's, most often)
+                detail = f"cannot reach {asked.group(1).partition('?')[0]}: {causes[-1]}"
             return AccessDeniedError(
-                f"{uri}: no credentials: the machine's managed identity gave none ({detail}); "
+                f"{uri}: no credentials: {self.token_identity} gave none ({detail}); "
                 f"{self.credentials_hint}",
                 uri,
             )

@@ -180,7 +180,20 @@ def _azure(url: str, environ: Environ, secret: str | None, secret_name: str) -> 
         credentials=credentials,
         ca_bundle=environ.get("SSL_CERT_FILE"),
         proxies=_proxies(environ),
+        token_identity=_azure_identity(environ),
     )
+
+
+def _azure_identity(environ: Environ) -> str:
+    """Whose token the engine asks for where it is given no credentials, as it chooses from
+    the variables of Azure's identity library: a workload identity (AKS's), a service
+    principal's secret, else the machine's managed identity."""
+    if environ.get("AZURE_CLIENT_ID") and environ.get("AZURE_TENANT_ID"):
+        if environ.get("AZURE_FEDERATED_TOKEN_FILE"):
+            return "the workload identity of AZURE_CLIENT_ID and AZURE_FEDERATED_TOKEN_FILE"
+        if environ.get("AZURE_CLIENT_SECRET"):
+            return "the service principal of AZURE_CLIENT_ID and AZURE_CLIENT_SECRET"
+    return "the machine's managed identity"
 
 
 def _azure_environment(environ: Environ, account: str) -> AzureCredentials:
