@@ -74,6 +74,7 @@ class FaultProxy(Listener):
     lines: list[str] = field(
         default_factory=list
     )  # their request lines: "GET /bucket/key HTTP/1.1"
+    heads: list[bytes] = field(default_factory=list)  # their heads: the line and the headers
     serial: bool = False  # the delay holds one request at a time (a store answering one by one)
     waiting: int = 0  # requests held by the delay now
     most_waiting: int = 0  # the most held at once
@@ -113,6 +114,7 @@ class FaultProxy(Listener):
         with self._lock:
             self.requests += 1
             self.lines.append(line)
+            self.heads.append(head)
         if self.delay and self.delay_only in line:
             self._hold()
 

@@ -392,6 +392,36 @@ def test_retry_backs_off_with_capped_jitter() -> None:
     assert all(0 <= s <= min(3.0, 2**i) for i, s in enumerate(slept))
 
 
+def test_the_engine_s_variables_for_encryption_and_request_payer_reach_each_write(
+    s3_server: servers.SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """object_store's own variables, which the engine reads from the process's environment, are
+    honoured: ``AWS_SERVER_SIDE_ENCRYPTION`` (a bucket whose policy requires encryption refuses
+    each write without its header) and ``AWS_REQUEST_PAYER`` (a requester-pays bucket). A PUT,
+    a multipart upload's start and a copy carry them (the proxy in front of the server sees
+    them; the server stores what it is sent)."""
+    monkeypatch.setenv("AWS_SERVER_SIDE_ENCRYPTION", "AES256")
+    monkeypatch.setenv("AWS_REQUEST_PAYER", "true")
+    proxy = FaultProxy(s3_server.port)
+    try:
+        store = _store(s3_server, RetryPolicy(attempts=1), endpoint=proxy.endpoint)
+        big = _big_file(tmp_path, 12 * MiB)
+        with store:
+            store.write_bytes("small.bin", b"weights")
+            store.upload_file(big, "big.bin")
+            store.copy("small.bin", "copy.bin")
+            assert store.read_bytes("copy.bin") == b"weights"
+    finally:
+        proxy.close()
+    writes = [head for head in proxy.heads if head.startswith((b"PUT", b"POST"))]
+    starts = [head for head in writes if b"?uploads" in head.split(b"\r\n", 1)[0]]
+    whole = [head for head in writes if b"?" not in head.split(b"\r\n", 1)[0]]
+    assert len(starts) == 1 and len(whole) == 2, proxy.lines  # small.bin, copy.bin
+    for head in starts + whole:
+        assert b"\r\nx-amz-server-side-encryption: AES256" in head, head
+    assert all(b"\r\nx-amz-request-payer: requester" in head for head in proxy.heads)
+
+
 def test_retry_gives_up_and_says_so() -> None:
     def always() -> None:
         raise TransientStoreError("s3://b/k: cannot reach the endpoint", "s3://b/k")
