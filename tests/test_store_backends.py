@@ -1,7 +1,9 @@
-"""The store (records, logs) on s3:// and gs://, through the real CLI, as on the file store."""
+"""The store (records, logs) on s3://, gs:// and azure://, through the real CLI, as on the file
+store."""
 
 from __future__ import annotations
 
+import base64
 import uuid
 
 import pytest
@@ -41,22 +43,34 @@ def test_store_on_gcs(agent: Agent, gcs_server: servers.FakeGCS) -> None:
     _run_and_view(agent, f"gs://{bucket}/bt", {"STORAGE_EMULATOR_HOST": gcs_server.endpoint})
 
 
-@pytest.mark.parametrize("scheme", ["s3", "gs"])
+def test_store_on_azure(agent: Agent, azure_server: servers.Azurite) -> None:
+    container = f"store{uuid.uuid4().hex[:8]}"
+    azure_server.create_container(container)
+    store = f"azure://{servers.AZURITE_ACCOUNT}/{container}/bt"
+    _run_and_view(agent, store, {"AZURE_STORAGE_CONNECTION_STRING": azure_server.connection_string})
+
+
+@pytest.mark.parametrize("scheme", ["s3", "gs", "azure"])
 def test_unreachable_store_is_a_clear_error(agent: Agent, scheme: str) -> None:
     """Where the requests were for, and why they did not get there in the system's words (not
     the engine's first line, nor the client library's type of error)."""
+    key = base64.b64encode(b"k" * 64).decode()
     env = {
         "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
         "AWS_ACCESS_KEY_ID": "k",
         "AWS_SECRET_ACCESS_KEY": "s",
         "AWS_DEFAULT_REGION": "us-east-1",
         "STORAGE_EMULATOR_HOST": "http://127.0.0.1:9",
+        "AZURE_STORAGE_CONNECTION_STRING": (
+            f"AccountName=nowhere;AccountKey={key};BlobEndpoint=http://127.0.0.1:9/nowhere"
+        ),
     }
+    where = "http://127.0.0.1:9/nowhere" if scheme == "azure" else "http://127.0.0.1:9"
     result = agent("jobs", "list", "--store", f"{scheme}://nowhere/bt", env=env, timeout=120)
     assert result.code == 1
     assert f"{scheme}://nowhere/bt" in result.err, result.err
-    assert "cannot reach http://127.0.0.1:9 (Connection refused)" in result.err, result.err
-    assert "Traceback" not in result.err
+    assert f"cannot reach {where} (Connection refused)" in result.err, result.err
+    assert "Traceback" not in result.err and key not in result.err
 
 
 @pytest.mark.parametrize("store", ["unreachable", "refused"])
