@@ -782,6 +782,42 @@ def test_gcs_and_azure_refuse_an_untrusted_certificate_at_once(
             assert seen.list() == []
 
 
+@pytest.mark.parametrize("service", ["azure", "https"])
+def test_azure_and_https_trust_the_ca_file_of_either_variable(
+    request: pytest.FixtureRequest, tmp_path: Path, service: str
+) -> None:
+    """``REQUESTS_CA_BUNDLE`` (where Azure's CLI and Python SDK are told of a private CA, a
+    proxy's that inspects TLS most often) is trusted where ``SSL_CERT_FILE`` is unset, which
+    comes first; errors name the variable that named the file."""
+    if service == "azure":
+        azure: servers.Azurite = request.getfixturevalue("azure_tls_server")
+        assert azure.tls is not None
+        container = f"t{uuid.uuid4().hex[:12]}"
+        azure.create_container(container)
+        url, ca = f"azure://{servers.AZURITE_ACCOUNT}/{container}/p", azure.tls.ca
+
+        def opening(environ: dict[str, str]) -> ObjectStore:
+            return open_store(url, Environ(environ), azure.connection_string, "azure_creds")
+    else:
+        https: servers.StaticHTTPS = request.getfixturevalue("https_server")
+        (https.directory / "ca-check.bin").write_bytes(b"weights")
+        url, ca = https.url("ca-check.bin"), https.ca_file
+
+        def opening(environ: dict[str, str]) -> ObjectStore:
+            return open_store(url, Environ(environ))
+
+    with opening({"REQUESTS_CA_BUNDLE": str(ca)}) as store:
+        store.list()
+    other = servers.certificates(tmp_path / "other-ca")
+    with opening({"SSL_CERT_FILE": str(other.ca), "REQUESTS_CA_BUNDLE": str(ca)}) as store:
+        message = str(_refused(store, store.list))
+    assert "is not trusted" in message and "set SSL_CERT_FILE to the PEM file" in message, message
+    missing = tmp_path / "missing.pem"
+    with opening({"REQUESTS_CA_BUNDLE": str(missing)}) as store:
+        message = str(_refused(store, store.list))
+    assert f"cannot read REQUESTS_CA_BUNDLE={missing} (" in message, message
+
+
 @pytest.mark.parametrize("service", ["s3", "azure", "gs", "hf", "https"])
 def test_https_to_a_server_of_plain_http_is_a_clear_error_at_once(
     request: pytest.FixtureRequest, s3_server: servers.SeaweedFS, service: str

@@ -47,12 +47,13 @@ class AzureStore(EngineStore):
         ca_bundle: str | None = None,
         proxies: Proxies | None = None,
         token_identity: str | None = None,
+        ca_variable: str | None = None,
     ) -> None:
         prefix = prefix.strip("/")
         named = credentials.endpoint if credentials else None
         url = f"azure://{account}/{container}" + (f"/{prefix}" if prefix else "")
         endpoint = named or GLOBAL_ENDPOINT.format(account=account)
-        super().__init__(prefix, url, endpoint, tuning, ca_bundle, proxies)
+        super().__init__(prefix, url, endpoint, tuning, ca_bundle, proxies, ca_variable)
         self.account = account
         self.container = container
         self.credentials = credentials or AzureCredentials()

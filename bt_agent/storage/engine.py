@@ -212,11 +212,14 @@ class EngineStore(ObjectStore):
         tuning: Tuning | None,
         ca_bundle: str | None = None,
         proxies: Proxies | None = None,
+        ca_variable: str | None = None,
     ) -> None:
         self.prefix = prefix.strip("/")
         self.url = url
         self.endpoint_url = endpoint_url
         self.ca_bundle = ca_bundle  # a PEM file of CAs trusted beside the system's
+        if ca_variable:  # the variable that named it, where another than the backend's
+            self.ca_variable = ca_variable
         self.proxies = proxies
         self.tuning = tuning or Tuning()
         self._engine: Any = None

@@ -35,6 +35,9 @@ R2_JURISDICTIONS_HINT = (
 CW_ENDPOINT = "https://cwobject.com"  # CoreWeave AI Object Storage, from anywhere
 CW_ENDPOINT_VARIABLE = "BT_CW_ENDPOINT_URL"  # another: http://cwlota.com inside CoreWeave
 CA_BUNDLE_VARIABLE = "AWS_CA_BUNDLE"  # a PEM file of CAs trusted beside the system's
+#: The same for ``azure://`` and ``https://``: OpenSSL's variable (Go's tools read it too, as
+#: azcopy does), then requests' (where Azure's CLI and Python SDK are told of a private CA).
+CA_FILE_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 DATASETS = "datasets"  # hf://datasets/owner/name: a dataset, as huggingface_hub names one
 #: The variables of the region: botocore's, then the one the AWS CLI v2 and AWS's other SDKs
 #: read (set in AWS's containers); where neither is set, the profile's is read.
@@ -107,7 +110,10 @@ def open_store(
     if scheme in ("http", "https"):
         from bt_agent.storage.web import HTTPStore
 
-        return HTTPStore(url, ca_bundle=environ.get("SSL_CERT_FILE"), proxies=_proxies(environ))
+        ca_bundle, ca_variable = _ca_file(environ)
+        return HTTPStore(
+            url, ca_bundle=ca_bundle, proxies=_proxies(environ), ca_variable=ca_variable
+        )
     raise UsageError(
         f"unsupported URL {url!r}: use file://, s3://, r2://, cw://, gs://, azure://, hf:// or "
         "https://"
@@ -173,15 +179,25 @@ def _azure(url: str, environ: Environ, secret: str | None, secret_name: str) -> 
         credentials = _azure_environment(environ, parsed.netloc)
     if not credentials.endpoint and _truthy(environ.get("AZURE_STORAGE_USE_EMULATOR")):
         credentials = _emulated(credentials, parsed.netloc, environ)
+    ca_bundle, ca_variable = _ca_file(environ)
     return AzureStore(
         parsed.netloc,
         container,
         prefix,
         credentials=credentials,
-        ca_bundle=environ.get("SSL_CERT_FILE"),
+        ca_bundle=ca_bundle,
         proxies=_proxies(environ),
         token_identity=_azure_identity(environ),
+        ca_variable=ca_variable,
     )
+
+
+def _ca_file(environ: Environ) -> tuple[str | None, str]:
+    """The PEM file of CAs that ``azure://`` and ``https://`` trust beside the system's, and
+    the variable that named it: the first of :data:`CA_FILE_VARIABLES` set (else the first,
+    as errors name it)."""
+    name = next((name for name in CA_FILE_VARIABLES if environ.get(name)), CA_FILE_VARIABLES[0])
+    return environ.get(name), name
 
 
 def _azure_identity(environ: Environ) -> str:

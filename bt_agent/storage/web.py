@@ -5,8 +5,8 @@ Its key is the URL's file name. A large file comes down as the object stores' do
 parallel, each asking for the version the server's ``HEAD`` named (``If-Match`` on its ETag),
 taken up where an earlier attempt stopped; a server that does not serve ranges sends it whole,
 in one stream. A URL presigned for GET only (S3's, GCS's: its ``HEAD`` is refused), or a server
-that allows no ``HEAD``, is sized by a GET of its first byte. ``SSL_CERT_FILE`` names a private
-CA; the proxy variables are honoured.
+that allows no ``HEAD``, is sized by a GET of its first byte. ``SSL_CERT_FILE`` (or
+``REQUESTS_CA_BUNDLE``) names a private CA; the proxy variables are honoured.
 """
 
 from __future__ import annotations
@@ -53,9 +53,11 @@ class HTTPStore(EngineStore):
         tuning: Tuning | None = None,
         ca_bundle: str | None = None,
         proxies: Proxies | None = None,
+        ca_variable: str | None = None,
     ) -> None:
         parts = urlsplit(url)
-        super().__init__("", url, f"{parts.scheme}://{parts.netloc}", tuning, ca_bundle, proxies)
+        endpoint = f"{parts.scheme}://{parts.netloc}"
+        super().__init__("", url, endpoint, tuning, ca_bundle, proxies, ca_variable)
         self.name = posixpath.basename(parts.path) or "index"
 
     def access_hint(self) -> str:
