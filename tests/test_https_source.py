@@ -22,6 +22,8 @@ from bt_agent.settings import Environ
 from bt_agent.spec.urls import shown_url
 from bt_agent.storage import ObjectStore, open_store
 from bt_agent.storage.base import ObjectInfo
+from bt_agent.storage.retry import RetryPolicy
+from bt_agent.storage.web import _authorization
 
 MiB = 1024 * 1024
 SIZE = 72 * MiB + 3  # three ranges of the engine's 32 MiB
@@ -240,6 +242,66 @@ def test_a_presigned_source_s_signature_is_never_shown(agent: Agent, tmp_path: P
     assert sources == {shown, server.url("gone.bin") + "?X-Amz-Credential=***&X-Amz-Signature=***"}
     for text in [staged.text.encode(), failed.text.encode(), *written]:
         assert signature.encode() not in text and signature[:8].encode() not in text
+
+
+def test_a_token_secret_goes_to_the_url_s_host_only(agent: Agent, tmp_path: Path) -> None:
+    """A source whose server asks for a token (an artifact server's, the Hub's ``resolve``
+    URLs) is given the secret its ``auth_secret_name`` names, as a bearer token, and the
+    server's redirect to another host (a CDN's presigned URL, which refuses any other
+    credentials, as S3's does) goes without it. Without the secret, or with a wrong one, the
+    job fails to deploy naming the secret, never its value."""
+    tls = servers.certificates(tmp_path / "tls")
+    cdn = servers.static_https(tmp_path / "cdn", tls, AUTHORIZATION="refused")
+    token = f"tok-{uuid.uuid4().hex}"
+    origin = servers.static_https(
+        tmp_path / "origin", tls, BEARER=token, REDIRECT=f"https://127.0.0.1:{cdn.port}"
+    )
+    env = {"SSL_CERT_FILE": str(tls.ca)}
+    try:
+        (cdn.directory / "model.bin").write_bytes(b"w" * (20 * MiB))  # in ranges
+        weights = {"source": origin.url("model.bin"), "mount_location": "/h"}
+        agent.secret("artifact_token", token)
+        given = {**weights, "auth_secret_name": "artifact_token"}
+        staged = agent.run_job(_job(given, f"wc -c < {agent.node_root}/h/model.bin"), env=env)
+        without = agent.run_job(_job(weights, "true"), env=env)
+        agent.secret("artifact_token", "tok-wrong-7781")
+        wrong = agent.run_job(_job(given, "true"), env=env)
+    finally:
+        cdn.stop()
+        origin.stop()
+    assert staged.code == 0, staged.text
+    assert staged.out.strip() == str(20 * MiB)
+    assert without.code == 3 and "access denied (401" in without.err, without.text
+    assert wrong.code == 3, wrong.text
+    assert "check that the secret 'artifact_token' holds a token the server takes" in wrong.err
+    for result in (staged, without, wrong):
+        assert token not in result.text and "tok-wrong-7781" not in result.text
+
+
+@pytest.mark.parametrize(
+    ("secret", "sent"),
+    [
+        ("hf_abc123", "Bearer hf_abc123"),
+        (" hf_abc123\n", "Bearer hf_abc123"),
+        ("Basic dXNlcjpwdw==", "Basic dXNlcjpwdw=="),
+        ("token ghp_abc", "token ghp_abc"),
+    ],
+)
+def test_a_token_secret_is_a_bearer_token_unless_it_names_its_scheme(
+    secret: str, sent: str
+) -> None:
+    assert _authorization(secret) == sent
+
+
+def test_a_password_in_the_url_is_never_in_an_error() -> None:
+    """A URL carrying a user and password: a server out of reach is named without them."""
+    port = servers.free_port()
+    with open_store(f"https://user:pw-4471@127.0.0.1:{port}/m.bin", Environ({})) as source:
+        source.policy = RetryPolicy(attempts=1)
+        with pytest.raises(TransientStoreError) as caught:
+            source.list()
+    said = str(caught.value)
+    assert f"cannot reach https://127.0.0.1:{port} (" in said and "pw-4471" not in said, said
 
 
 def _job(weights: dict[str, str], command: str) -> dict[str, object]:

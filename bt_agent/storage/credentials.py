@@ -2,8 +2,8 @@
 
 HF: the token itself. S3 and R2: JSON ``{"aws_access_key_id", "aws_secret_access_key",
 "aws_region"?, "aws_session_token"?}``. GCS: a service-account JSON. Azure: a connection string,
-a SAS token or the account key. The store's own credentials come from each SDK's standard
-environment instead. Values never appear in errors or ``repr``.
+a SAS token or the account key. https: a token (:mod:`web`). The store's own credentials come
+from each SDK's standard environment instead. Values never appear in errors or ``repr``.
 """
 
 from __future__ import annotations

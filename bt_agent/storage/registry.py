@@ -112,7 +112,12 @@ def open_store(
 
         ca_bundle, ca_variable = _ca_file(environ)
         return HTTPStore(
-            url, ca_bundle=ca_bundle, proxies=_proxies(environ), ca_variable=ca_variable
+            url,
+            ca_bundle=ca_bundle,
+            proxies=_proxies(environ),
+            ca_variable=ca_variable,
+            token=secret,
+            secret_name=secret_name,
         )
     raise UsageError(
         f"unsupported URL {url!r}: use file://, s3://, r2://, cw://, gs://, azure://, hf:// or "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
+import re
 import sys
 from collections.abc import Iterator
 from functools import partial
@@ -33,6 +34,17 @@ _NO_LENGTH = "Content-Length Header missing"
 _NO_METHOD = "status code: 405"
 
 
+#: A secret that is a whole ``Authorization`` value: a scheme's name, a space, its credentials.
+_HEADER_VALUE = re.compile(r"^(?:Bearer|Basic|token|Token) \S+$")
+
+
+def _authorization(token: str) -> str:
+    """The ``Authorization`` value of the secret ``token``: as it is where it names its scheme,
+    else a bearer token's."""
+    token = token.strip()
+    return token if _HEADER_VALUE.match(token) else f"Bearer {token}"
+
+
 class RangesRefusedError(StoreError):
     """The server sends the file whole, whatever range is asked of it."""
 
@@ -42,7 +54,10 @@ class HeadRefusedError(StoreError):
 
 
 class HTTPStore(EngineStore):
-    """A single file: its key is the URL's file name."""
+    """A single file: its key is the URL's file name. ``token``: the secret the spec names for
+    it, sent as ``Authorization: Bearer <token>`` (or as it is, where it is a whole header
+    value: ``Basic ...``, ``token ...``), to the URL's host only: a redirect elsewhere (a
+    CDN's presigned URL, as the Hub's) goes without it."""
 
     container_noun = "server"
 
@@ -54,21 +69,28 @@ class HTTPStore(EngineStore):
         ca_bundle: str | None = None,
         proxies: Proxies | None = None,
         ca_variable: str | None = None,
+        token: str | None = None,
+        secret_name: str = "",
     ) -> None:
         parts = urlsplit(url)
-        endpoint = f"{parts.scheme}://{parts.netloc}"
+        endpoint = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"  # no user, no password
         super().__init__("", url, endpoint, tuning, ca_bundle, proxies, ca_variable)
         self.name = posixpath.basename(parts.path) or "index"
+        self.token = token
+        self.secret_name = secret_name
 
     def access_hint(self) -> str:
+        if self.token:
+            return f"check that the secret {self.secret_name!r} holds a token the server takes"
         return "check the URL, and the token or signature it carries"
 
     def _make_engine(self) -> Any:
         from obstore.store import HTTPStore as Engine
 
-        return Engine.from_url(
-            self.url, client_options=self._client_options(), retry_config=ENGINE_RETRIES
-        )
+        options = self._client_options()
+        if self.token:
+            options["default_headers"] = {"Authorization": _authorization(self.token)}
+        return Engine.from_url(self.url, client_options=options, retry_config=ENGINE_RETRIES)
 
     def uri(self, key: str = "") -> str:
         """The URL as errors and logs show it: its query's values hidden (a presigned URL's

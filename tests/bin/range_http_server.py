@@ -5,7 +5,11 @@ Usage: range_http_server.py DIRECTORY PORT [CERTFILE KEYFILE]   (TLS when a cert
 In its environment: RANGES=off, it sends every file whole, whatever range is asked;
 IF_MATCH=off, it ignores If-Match; ETAGS=weak, its ETags are weak (W/"...") and ETAGS=none,
 it gives none; HEAD=refused, it answers a HEAD 405; SIGNED=GET, it
-serves only GETs whose query holds "signature=" (a URL presigned for GET: a HEAD is refused).
+serves only GETs whose query holds "signature=" (a URL presigned for GET: a HEAD is refused);
+BEARER=<token>, it answers 401 to a request without "Authorization: Bearer <token>";
+AUTHORIZATION=refused, it answers 400 to a request with any Authorization (as S3 does to a
+presigned URL's); REDIRECT=<base URL>, it answers each request it takes with a 302 to the base
+URL followed by the request's path.
 """
 
 import hashlib
@@ -21,6 +25,9 @@ IF_MATCH = os.environ.get("IF_MATCH") != "off"
 ETAGS = os.environ.get("ETAGS", "strong")
 SIGNED = os.environ.get("SIGNED") == "GET"
 HEAD = os.environ.get("HEAD") != "refused"
+BEARER = os.environ.get("BEARER")
+AUTHORIZATION = os.environ.get("AUTHORIZATION") != "refused"
+REDIRECT = os.environ.get("REDIRECT")
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -30,6 +37,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def _file(self):
         if SIGNED and (self.command != "GET" or "signature=" not in self.path.lower()):
             self.send_error(403)
+            return None
+        given = self.headers.get("Authorization")
+        if (BEARER and given != f"Bearer {BEARER}") or (given and not AUTHORIZATION):
+            self.send_error(401 if BEARER else 400)
+            return None
+        if REDIRECT:
+            self.send_response(302)
+            self.send_header("Location", REDIRECT + self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
             return None
         path = (ROOT / self.path.lstrip("/").split("?")[0]).resolve()
         if ROOT not in path.parents or not path.is_file():
