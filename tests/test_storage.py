@@ -1437,6 +1437,31 @@ def test_azure_connection_strings_as_azure_s_sdks_read_them(
         open_store("azure://acct/c", Environ({}), "UseDevelopmentStorage=true", "azure_creds")
 
 
+def test_an_azure_sas_url_gives_its_token_and_endpoint(azure_server: servers.Azurite) -> None:
+    """The portal's "Blob SAS URL" as the secret, rather than the token beside it: its query is
+    the token (a read-only one here: a write is refused), the URL says where requests go; a URL
+    without a token is an error that does not show it."""
+    container = f"c{uuid.uuid4().hex[:12]}"
+    azure_server.create_container(container)
+    token = azure_server.sas_connection_string("rl").split("SharedAccessSignature=")[1]
+    url = f"azure://{servers.AZURITE_ACCOUNT}/{container}/data"
+    sas_url = f"{azure_server.endpoint}/{container}?{token}"
+    with open_store(url, Environ({}), sas_url, "azure_sas") as store:
+        assert isinstance(store, AzureStore) and store.endpoint_url == azure_server.endpoint
+        assert store.list() == []
+        with pytest.raises(AccessDeniedError):
+            store.write_bytes("model.bin", b"weights")
+    bare = f"{azure_server.endpoint}/{container}?restype=container&secret-ish=4471"
+    with pytest.raises(AccessDeniedError, match="is a URL that carries no SAS token") as caught:
+        open_store(url, Environ({}), bare, "azure_sas")
+    assert "4471" not in str(caught.value)
+    cloud = "https://acct.blob.core.windows.net/models?sv=2021-08-06&sig=abc"
+    store = open_store("azure://acct/models/p", Environ({}), cloud, "azure_sas")
+    assert (
+        isinstance(store, AzureStore) and store.endpoint_url == "https://acct.blob.core.windows.net"
+    )
+
+
 def test_azure_account_key_from_either_variable() -> None:
     """The account key of ``AZURE_STORAGE_ACCOUNT_KEY`` (the engine's name) or, where that is
     unset, ``AZURE_STORAGE_KEY`` (the Azure CLI's); a value that is no key is an error naming

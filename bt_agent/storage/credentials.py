@@ -12,6 +12,7 @@ import base64
 import json
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from bt_agent.errors import AccessDeniedError
 
@@ -83,11 +84,14 @@ _CONNECTION_FIELDS = {"accountkey", "sharedaccesssignature", "usedevelopmentstor
 
 
 def azure_credentials(secret: str, name: str, account: str) -> AzureCredentials:
-    """A connection string, a SAS token or an account key, as the Azure portal gives them, for
-    the storage ``account``; the error names the secret, never its content."""
+    """A connection string, a SAS token (or the URL that carries one) or an account key, as the
+    Azure portal gives them, for the storage ``account``; the error names the secret, never
+    its content."""
     text = secret.strip()
     if _connection_fields(text).keys() & _CONNECTION_FIELDS:
         return azure_connection_string(text, f"secret {name!r}", account)
+    if text.startswith(("https://", "http://")):
+        return _sas_url(text, f"secret {name!r}", account)
     if "sig=" in text and "=" in text.lstrip("?"):
         return AzureCredentials(sas_token=text.lstrip("?"))
     if not text:
@@ -96,6 +100,23 @@ def azure_credentials(secret: str, name: str, account: str) -> AzureCredentials:
             "connection string"
         )
     return AzureCredentials(account_key=account_key(text, f"secret {name!r}"))
+
+
+def _sas_url(text: str, what: str, account: str) -> AzureCredentials:
+    """A SAS URL (the portal's "Blob SAS URL", next to the token): its query is the token, and
+    where it points the endpoint, with the account's path where the URL begins with it (an
+    emulator's, Azurite's)."""
+    parts = urlsplit(text)
+    if "sig=" not in parts.query:
+        raise AccessDeniedError(
+            f"{what} is a URL that carries no SAS token (no sig= in its query); give the Blob "
+            "SAS URL or token, as the Azure portal shows them"
+        )
+    first = parts.path.strip("/").partition("/")[0]
+    path = f"/{first}" if first == account and not parts.netloc.startswith(f"{account}.") else ""
+    return AzureCredentials(
+        sas_token=parts.query, endpoint=f"{parts.scheme}://{parts.netloc}{path}"
+    )
 
 
 def account_key(text: str, what: str) -> str:
