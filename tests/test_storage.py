@@ -1578,6 +1578,79 @@ def test_gcs_credentials_google_refuses_are_no_outage(tmp_path: Path) -> None:
     assert time.monotonic() - started < 10 and "PRIVATE KEY" not in str(caught.value)
 
 
+#: What S3 answers a GET of an object in a Glacier class, and Azure of a blob in the archive tier.
+ARCHIVED = {
+    "s3": (
+        403,
+        b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InvalidObjectState</Code><Message>'
+        b"The operation is not valid for the object's storage class</Message><StorageClass>"
+        b"GLACIER</StorageClass><RequestId>R1</RequestId></Error>",
+    ),
+    "azure": (
+        409,
+        b'<?xml version="1.0" encoding="utf-8"?><Error><Code>BlobArchived</Code><Message>This '
+        b"operation is not permitted on an archived blob.\nRequestId:r1\nTime:2026-11-29T00:00:"
+        b"00.0000000Z</Message></Error>",
+    ),
+    "s3-other": (  # a refusal of no kind the agent knows: said in the service's words
+        400,
+        b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InvalidArgument</Code><Message>'
+        b"Invalid argument.</Message><RequestId>R2</RequestId></Error>",
+    ),
+}
+SAID = {
+    "s3": "model.bin: the object is archived (InvalidObjectState: The operation is not valid",
+    "azure": "model.bin: the object is archived (BlobArchived: This operation is not permitted",
+    "s3-other": "model.bin: the service refused the request (400 InvalidArgument: Invalid arg",
+}
+
+
+@pytest.mark.parametrize("service", ["s3", "azure", "s3-other"])
+def test_an_archived_object_or_another_refusal_is_said_in_the_service_s_words(service: str) -> None:
+    """An object in an archive (S3's Glacier classes, Azure's archive tier) is read only once
+    restored: said so at once, with the service's words (S3's 403 was "access denied; check the
+    credentials", Azure's 409 its XML); another refusal in the service's words, not its XML.
+    No archive runs here (neither SeaweedFS nor Azurite archives): a one-answer server stands in
+    for the service, answering as it does."""
+    import http.server
+
+    status, body = ARCHIVED[service]
+
+    class Archive(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Archive)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_port}"
+    try:
+        if service.startswith("s3"):
+            keys = json.dumps(
+                {"aws_access_key_id": "k", "aws_secret_access_key": "s", "aws_region": "us-east-1"}
+            )
+            store = open_store("s3://bucket/p", Environ({"AWS_ENDPOINT_URL": endpoint}), keys, "k")
+        else:
+            key = base64.b64encode(b"k" * 64).decode()
+            secret = f"AccountName=acct;AccountKey={key};BlobEndpoint={endpoint}/acct"
+            store = open_store("azure://acct/models/p", Environ({}), secret, "azure_creds")
+        with store, pytest.raises(StoreError) as caught:
+            store.read_bytes("model.bin")
+    finally:
+        server.shutdown()
+    message = str(caught.value)
+    assert not isinstance(caught.value, AccessDeniedError | TransientStoreError), message
+    assert SAID[service] in message and "<" not in message, message
+    archived = "restore it to a storage class that is read at once" in message
+    assert archived == (service != "s3-other"), message
+
+
 def test_google_s_token_service_out_of_reach_is_named() -> None:
     """The token endpoint of a service account's key does not answer (here nothing listens at
     the key's ``token_uri``): the outage is said as the token service's, not GCS's, with the

@@ -110,6 +110,8 @@ _TOKEN_URL = re.compile(r"Error performing (?:GET|POST) (\S+) in ")
 #: expired, a credential_process that failed), as the engine reports it.
 _PROVIDER_FAILED = re.compile(r"credential provider: (\w+): ([^\n]+)")
 _NO_CONTAINER = re.compile(r"<Code>(NoSuchBucket|ContainerNotFound)</Code>")
+#: An object in an archive (S3's Glacier classes, Azure's archive tier): read once restored.
+_ARCHIVED = re.compile(r"<Code>(InvalidObjectState|BlobArchived)</Code>")
 #: The service's own code and words for what it refused (the XML errors of S3 and Azure; the
 #: words' first line: Azure's go on with a request id and a time).
 _SERVICE_SAID = re.compile(r"<Code>([^<]+)</Code>\s*<Message>([^<\n]*)")
@@ -451,6 +453,13 @@ class EngineStore(ObjectStore):
             return NotFoundError(
                 f"{uri} does not exist; check the {self.container_noun} and the path", uri
             )
+        if _ARCHIVED.search(text):  # neither a retry nor other credentials read it
+            return StoreError(
+                f"{uri}: the object is archived ({_said(text)}); restore it to a storage class "
+                "that is read at once (S3: restore-object; Azure: rehydrate it to the hot or "
+                "cool tier), or copy it to one",
+                uri,
+            )
         if "Error performing token request" in text:  # the identity's, of no use here
             asked, causes = _TOKEN_URL.search(text), _CAUSE.findall(text)
             if asked and causes:  # its endpoint out of reach (the metadata service's, most often)
@@ -468,8 +477,7 @@ class EngineStore(ObjectStore):
             "401",
             "403",
         ):
-            said_so = _SERVICE_SAID.search(text)
-            why = f" {said_so.group(1)}: {said_so.group(2).strip()}" if said_so else ""
+            why = f" {said}" if (said := _said(text)) else ""
             return AccessDeniedError(
                 f"{uri}: access denied ({code or 'forbidden'}{why}); {self.access_hint()}"
                 f"{self.missing_hint}",
@@ -499,6 +507,8 @@ class EngineStore(ObjectStore):
             return TransientStoreError(f"{uri}: {code or 'retryable'}: {detail}", uri)
         if not code:  # no answer at all: connection refused, reset, timed out, no such host
             return TransientStoreError(f"{uri}: cannot reach {self._route(where)} ({said})", uri)
+        if said_so := _said(text):  # the service's words rather than its XML
+            return StoreError(f"{uri}: the service refused the request ({code} {said_so})", uri)
         return StoreError(f"{uri}: {detail}", uri)
 
     def own_endpoint(self) -> str:
@@ -1074,6 +1084,13 @@ def _answers_tls(endpoint: str) -> bool:
         return "ALERT" in (exc.reason or "")  # it spoke TLS, refusing something of ours
     except OSError:  # refused, reset, timed out: no server of TLS there
         return False
+
+
+def _said(text: str) -> str:
+    """The service's code and words for what it refused (``Code: message``), where its answer
+    gives them; else nothing."""
+    found = _SERVICE_SAID.search(text)
+    return f"{found.group(1)}: {found.group(2).strip()}" if found else ""
 
 
 def _first_line(text: str) -> str:
