@@ -540,11 +540,19 @@ def test_trees_both_ways(backend: Backend, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("backend", WRITABLE, indirect=True)
 def test_copy_inside_the_store(backend: Backend, tmp_path: Path) -> None:
+    """A copy inside the store keeps the object's checksum; Azure's copies are not made (its
+    Copy Blob may answer before the copy is done, which the engine cannot see): the caller
+    uploads instead."""
     data = payload(3000, seed=2)
     source = tmp_path / "source.bin"
     source.write_bytes(data)
     store = backend.make()
     store.upload_file(source, "copy/from.bin")
+    if isinstance(store, AzureStore):
+        with pytest.raises(NotImplementedError, match="may end after they answer"):
+            store.copy("copy/from.bin", "copy/to/here.bin")
+        assert not store.exists("copy/to/here.bin")
+        return
     store.copy("copy/from.bin", "copy/to/here.bin")
     assert store.read_bytes("copy/to/here.bin") == data
     target = tmp_path / "out.bin"

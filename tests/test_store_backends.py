@@ -9,6 +9,10 @@ import uuid
 import pytest
 import servers
 from helpers import Agent, job_with
+from sidecar_checks import FAST, ckpt_job, manifests
+
+from bt_agent.settings import Environ
+from bt_agent.storage import open_store
 
 
 def _run_and_view(agent: Agent, store: str, env: dict[str, str]) -> None:
@@ -48,6 +52,37 @@ def test_store_on_azure(agent: Agent, azure_server: servers.Azurite) -> None:
     azure_server.create_container(container)
     store = f"azure://{servers.AZURITE_ACCOUNT}/{container}/bt"
     _run_and_view(agent, store, {"AZURE_STORAGE_CONNECTION_STRING": azure_server.connection_string})
+
+
+def test_an_earlier_job_s_files_are_uploaded_again_to_azure(
+    agent: Agent, azure_server: servers.Azurite
+) -> None:
+    """On a reused node root, a checkpoint the new job adds to names the earlier job's files
+    too: copied inside the store on the others (tests/faults/test_torn_commits.py), uploaded
+    again to Azure, whose copies may end after they answer. Each is committed with what the
+    node's file holds."""
+    container = f"store{uuid.uuid4().hex[:8]}"
+    azure_server.create_container(container)
+    store = f"azure://{servers.AZURITE_ACCOUNT}/{container}/bt"
+    connection = {"AZURE_STORAGE_CONNECTION_STRING": azure_server.connection_string}
+    saves = (
+        "cd $BT_CHECKPOINT_DIR && mkdir -p checkpoint-1 && echo a > checkpoint-1/a",
+        "echo c > $BT_CHECKPOINT_DIR/checkpoint-1/c",
+    )
+    args = [*agent.context_args()[:2], "--store", store]
+    for job_id, command in zip(("earl001", "earl002"), saves, strict=True):
+        spec = str(agent.spec(ckpt_job(command)))
+        result = agent("run", spec, *args, "--job-id", job_id, env={**FAST, **connection})
+        assert result.code == 0, result.text
+    said = "not uploaded again, except into checkpoints this job adds to (the store copies"
+    assert "were already saved by job earl001" in result.err and said in result.err, result.err
+    opened = open_store(store, Environ(connection))
+    with opened:
+        [manifest] = manifests(opened, "default", "earl002").values()
+        assert sorted(f.path for f in manifest.files) == ["a", "c"]
+        for name, text in (("a", b"a\n"), ("c", b"c\n")):
+            key = f"projects/default/jobs/earl002/checkpoints/rank-0/checkpoint-1/{name}"
+            assert opened.read_bytes(key) == text
 
 
 @pytest.mark.parametrize("scheme", ["s3", "gs", "azure"])

@@ -651,10 +651,14 @@ class Sidecar:
         owner, sha256 = earlier
         if owner not in self._earlier:
             self._earlier.add(owner)
+            added = (
+                "and copied in the store into checkpoints this job adds to"
+                if self.catalog.store.copies
+                else "except into checkpoints this job adds to (the store copies nothing)"
+            )
             self.log.info(
                 f"checkpoints: files in {self.dir.root} were already saved by job {owner} "
-                "(an earlier job on this node): not uploaded again, and copied in the store "
-                "into checkpoints this job adds to"
+                f"(an earlier job on this node): not uploaded again, {added}"
             )
         source = checkpoint_file_key(self.owner.project, owner, self.owner.rank, found.relative)
         return _Copy(found.relative, found.sig, source, sha256)

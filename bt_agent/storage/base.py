@@ -234,6 +234,8 @@ class ObjectStore(ABC):
 
     url: str
     policy: RetryPolicy = DEFAULT_POLICY
+    #: Whether the store copies objects inside itself (:meth:`copy`), rather than refusing to.
+    copies = True
 
     # --- the core, per backend ---------------------------------------------------------------
 
