@@ -1468,6 +1468,8 @@ def test_an_azure_sas_url_gives_its_token_and_endpoint(azure_server: servers.Azu
     assert (
         isinstance(store, AzureStore) and store.endpoint_url == "https://acct.blob.core.windows.net"
     )
+    with pytest.raises(AccessDeniedError, match="SAS URL of the storage account 'acct', not of"):
+        open_store("azure://other/models/p", Environ({}), cloud, "azure_sas")
 
 
 def test_azure_account_key_from_either_variable() -> None:

@@ -104,16 +104,26 @@ def azure_credentials(secret: str, name: str, account: str) -> AzureCredentials:
 
 def _sas_url(text: str, what: str, account: str) -> AzureCredentials:
     """A SAS URL (the portal's "Blob SAS URL", next to the token): its query is the token, and
-    where it points the endpoint, with the account's path where the URL begins with it (an
-    emulator's, Azurite's)."""
+    where it points the endpoint: the account's host (``<account>.blob.<cloud>``), or the
+    host and the account's path (an emulator's, Azurite's). One of another account is an
+    error naming both."""
     parts = urlsplit(text)
     if "sig=" not in parts.query:
         raise AccessDeniedError(
             f"{what} is a URL that carries no SAS token (no sig= in its query); give the Blob "
             "SAS URL or token, as the Azure portal shows them"
         )
-    first = parts.path.strip("/").partition("/")[0]
-    path = f"/{first}" if first == account and not parts.netloc.startswith(f"{account}.") else ""
+    host = parts.hostname or ""
+    named, _, cloud = host.partition(".blob.")
+    path = ""
+    if not cloud:  # not an account's host: the account is the path's first segment
+        named = parts.path.strip("/").partition("/")[0]
+        path = f"/{named}"
+    if named != account:
+        raise AccessDeniedError(
+            f"{what} is a SAS URL of the storage account {named!r}, not of {account!r} (the "
+            f"URL's); give that account's, or name {named!r} in the URL"
+        )
     return AzureCredentials(
         sas_token=parts.query, endpoint=f"{parts.scheme}://{parts.netloc}{path}"
     )
