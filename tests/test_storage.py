@@ -1470,6 +1470,10 @@ def test_an_azure_sas_url_gives_its_token_and_endpoint(azure_server: servers.Azu
     )
     with pytest.raises(AccessDeniedError, match="SAS URL of the storage account 'acct', not of"):
         open_store("azure://other/models/p", Environ({}), cloud, "azure_sas")
+    for host in ("acct.privatelink.blob.core.windows.net", "files.example.com"):
+        given = f"https://{host}/models?sv=2021-08-06&sig=abc"
+        store = open_store("azure://acct/models/p", Environ({}), given, "azure_sas")
+        assert isinstance(store, AzureStore) and store.endpoint_url == f"https://{host}"
 
 
 def test_azure_account_key_from_either_variable() -> None:

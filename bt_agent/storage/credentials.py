@@ -104,21 +104,22 @@ def azure_credentials(secret: str, name: str, account: str) -> AzureCredentials:
 
 def _sas_url(text: str, what: str, account: str) -> AzureCredentials:
     """A SAS URL (the portal's "Blob SAS URL", next to the token): its query is the token, and
-    where it points the endpoint: the account's host (``<account>.blob.<cloud>``), or the
-    host and the account's path (an emulator's, Azurite's). One of another account is an
-    error naming both."""
+    where it points the endpoint: the account's host (``<account>[.privatelink].blob.<cloud>``),
+    the host and the account's path (an emulator's, Azurite's), or a domain of the account's
+    own. One of another account is an error naming both."""
     parts = urlsplit(text)
     if "sig=" not in parts.query:
         raise AccessDeniedError(
             f"{what} is a URL that carries no SAS token (no sig= in its query); give the Blob "
             "SAS URL or token, as the Azure portal shows them"
         )
-    host = parts.hostname or ""
-    named, _, cloud = host.partition(".blob.")
-    path = ""
-    if not cloud:  # not an account's host: the account is the path's first segment
-        named = parts.path.strip("/").partition("/")[0]
-        path = f"/{named}"
+    host, first = parts.hostname or "", parts.path.strip("/").partition("/")[0]
+    if ".blob." in host:
+        named, path = host.partition(".")[0], ""
+    elif first == account:  # an emulator's: the account in the path
+        named, path = first, f"/{first}"
+    else:  # a domain of the account's own, which names none
+        named, path = account, ""
     if named != account:
         raise AccessDeniedError(
             f"{what} is a SAS URL of the storage account {named!r}, not of {account!r} (the "
