@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -21,7 +22,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -1563,31 +1564,13 @@ def test_gcs_credentials_google_refuses_are_no_outage(tmp_path: Path) -> None:
     ``invalid_grant``, and that is said at once (it was an outage waited out). Google's OAuth
     server cannot run here: a one-answer HTTP server stands in for it (the key's ``token_uri``),
     answering as Google does; the key itself is a real RSA key, signed with by google-auth."""
-    import http.server
-
-    class Refusing(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
-            body = b'{"error": "invalid_grant", "error_description": "Invalid JWT Signature."}'
-            self.send_response(400)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    key = _service_account(f"http://127.0.0.1:{server.server_port}/token")
-    started = time.monotonic()
-    try:
+    refusal = b'{"error": "invalid_grant", "error_description": "Invalid JWT Signature."}'
+    with _one_answer(400, "application/json", refusal) as address:
+        key = _service_account(f"{address}/token")
+        started = time.monotonic()
         store = open_store("gs://bucket/p", Environ({}), json.dumps(key), "gcs_key")
         with store, pytest.raises(AccessDeniedError) as caught:
             store.list()
-    finally:
-        server.shutdown()
     assert "Google refused the service account's credentials (invalid_grant" in str(caught.value)
     assert time.monotonic() - started < 10 and "PRIVATE KEY" not in str(caught.value)
 
@@ -1596,18 +1579,21 @@ def test_gcs_credentials_google_refuses_are_no_outage(tmp_path: Path) -> None:
 ARCHIVED = {
     "s3": (
         403,
+        "application/xml",
         b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InvalidObjectState</Code><Message>'
         b"The operation is not valid for the object's storage class</Message><StorageClass>"
         b"GLACIER</StorageClass><RequestId>R1</RequestId></Error>",
     ),
     "azure": (
         409,
+        "application/xml",
         b'<?xml version="1.0" encoding="utf-8"?><Error><Code>BlobArchived</Code><Message>This '
         b"operation is not permitted on an archived blob.\nRequestId:r1\nTime:2026-11-29T00:00:"
         b"00.0000000Z</Message></Error>",
     ),
     "s3-other": (  # a refusal of no kind the agent knows: said in the service's words
         400,
+        "application/xml",
         b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InvalidArgument</Code><Message>'
         b"Invalid argument.</Message><RequestId>R2</RequestId></Error>",
     ),
@@ -1626,25 +1612,7 @@ def test_an_archived_object_or_another_refusal_is_said_in_the_service_s_words(se
     credentials", Azure's 409 its XML); another refusal in the service's words, not its XML.
     No archive runs here (neither SeaweedFS nor Azurite archives): a one-answer server stands in
     for the service, answering as it does."""
-    import http.server
-
-    status, body = ARCHIVED[service]
-
-    class Archive(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/xml")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Archive)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    endpoint = f"http://127.0.0.1:{server.server_port}"
-    try:
+    with _one_answer(*ARCHIVED[service]) as endpoint:
         if service.startswith("s3"):
             keys = json.dumps(
                 {"aws_access_key_id": "k", "aws_secret_access_key": "s", "aws_region": "us-east-1"}
@@ -1656,8 +1624,6 @@ def test_an_archived_object_or_another_refusal_is_said_in_the_service_s_words(se
             store = open_store("azure://acct/models/p", Environ({}), secret, "azure_creds")
         with store, pytest.raises(StoreError) as caught:
             store.read_bytes("model.bin")
-    finally:
-        server.shutdown()
     message = str(caught.value)
     assert not isinstance(caught.value, AccessDeniedError | TransientStoreError), message
     assert SAID[service] in message and "<" not in message, message
@@ -1676,6 +1642,34 @@ def test_google_s_token_service_out_of_reach_is_named() -> None:
         store.list()
     said = "cannot reach Google's token service (Connection refused)"
     assert said in str(caught.value), caught.value
+
+
+@contextlib.contextmanager
+def _one_answer(status: int, content_type: str, body: bytes) -> Iterator[str]:
+    """A server on 127.0.0.1 that answers every GET and POST with ``status`` and ``body``, in
+    place of a service that cannot run here; its address, while the block runs."""
+    import http.server
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
 
 
 def _service_account(token_uri: str) -> dict[str, str]:
