@@ -653,7 +653,7 @@ class Sidecar:
             self._earlier.add(owner)
             added = (
                 "and copied in the store into checkpoints this job adds to"
-                if self.catalog.store.copies
+                if not self.catalog.store.copy_refused
                 else "except into checkpoints this job adds to (the store copies nothing)"
             )
             self.log.info(

@@ -8,7 +8,7 @@ itself (a workload or managed identity). A connection string's ``BlobEndpoint`` 
 private endpoint), or its account in its ``EndpointSuffix`` (another cloud's), is where requests
 go; else the account's endpoint in Azure's global cloud.
 
-Objects are not copied inside the service (:meth:`AzureStore._copy`): callers upload instead.
+Objects are not copied inside the service (``AzureStore.copy_refused``): callers upload instead.
 Uploads carry no checksum the service verifies (the engine sends no ``Content-MD5``): the
 sha256 each upload computes is checked where the object is read back (its metadata, up to the
 part size; a checkpoint manifest's, as a checkpoint loads).
@@ -30,7 +30,10 @@ GLOBAL_ENDPOINT = "https://{account}.blob.core.windows.net"
 
 
 class AzureStore(EngineStore):
-    copies = False  # see _copy
+    # Azure's Copy Blob may answer while the copy is still pending (the destination empty or
+    # partial until it ends), and the engine neither waits for it nor shows its status: an
+    # object copied could be committed, and read, before its bytes are there.
+    copy_refused = "Azure's copies may end after they answer"
     ca_variable = "SSL_CERT_FILE"
     container_noun = "container"
     credentials_hint = (
@@ -69,13 +72,6 @@ class AzureStore(EngineStore):
             "check that the SAS token has not expired and allows what was asked: read and list "
             "for weights and loaded checkpoints, also write and delete for the store"
         )
-
-    def _copy(self, source: str, key: str) -> None:
-        """Not made in the service: Azure's Copy Blob may answer while the copy is still
-        pending (the destination empty or partial until it ends), and the engine neither
-        waits for it nor shows its status, so an object copied could be committed, and read,
-        before its bytes are there. The caller uploads instead."""
-        raise NotImplementedError("Azure's copies may end after they answer")
 
     def _given(self) -> AzureCredential | None:
         """The engine's form of the credentials the agent was given, where it was given any."""

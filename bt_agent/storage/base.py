@@ -234,8 +234,9 @@ class ObjectStore(ABC):
 
     url: str
     policy: RetryPolicy = DEFAULT_POLICY
-    #: Whether the store copies objects inside itself (:meth:`copy`), rather than refusing to.
-    copies = True
+    #: Why the store copies nothing inside itself (:meth:`copy` refuses, the caller uploads
+    #: instead); empty where it copies.
+    copy_refused = ""
 
     # --- the core, per backend ---------------------------------------------------------------
 
@@ -534,6 +535,8 @@ class ObjectStore(ABC):
         is not there; :class:`NotImplementedError` where the store cannot copy)."""
         check_key(source)
         check_key(key)
+        if self.copy_refused:
+            raise NotImplementedError(self.copy_refused)
         retry(lambda: self._copy(source, key), self.policy)
 
     def _read_only_error(self, key: str) -> StoreError:
