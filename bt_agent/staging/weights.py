@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import threading
 import time
@@ -29,7 +30,7 @@ from bt_agent.settings import (
     STORE_OUTAGE_VARIABLE,
     Environ,
 )
-from bt_agent.spec.models import TrainingJob, WeightsSource
+from bt_agent.spec.models import TrainingJob, WeightsAuthMethod, WeightsSource
 from bt_agent.spec.urls import shown_url
 from bt_agent.staging.cache import (
     ENTRY_MODE,
@@ -43,9 +44,15 @@ from bt_agent.staging.patterns import anywhere, left_in_subdirectories, selected
 from bt_agent.staging.progress import Progress
 from bt_agent.storage import ObjectInfo, ObjectStore, open_store
 from bt_agent.storage.base import Wanted
+from bt_agent.storage.credentials import AwsRole
 from bt_agent.storage.keys import check_key
 from bt_agent.storage.retry import OutageWait
 from bt_agent.storage.transfer import FETCH_WORKERS, each
+
+#: Where a web identity token is, for ``AWS_OIDC`` (botocore's variable, as EKS sets it).
+WEB_IDENTITY_TOKEN_VARIABLE = "AWS_WEB_IDENTITY_TOKEN_FILE"
+#: What STS refuses in a role session's name (it takes ``[\w+=,.@-]``).
+_SESSION_NAME_REFUSED = re.compile(r"[^\w+=,.@-]")
 
 
 @dataclass(frozen=True)
@@ -189,6 +196,26 @@ def _nothing_selected(plan: SourcePlan) -> str:
     )
 
 
+def aws_role(weights: WeightsSource, environ: Environ, job_id: str | None) -> AwsRole | None:
+    """The IAM role the source's ``auth`` names (``AWS_ASSUME_ROLE``, ``AWS_OIDC``), its
+    sessions named for the job (as AWS's logs show them); None for other sources."""
+    auth = weights.auth
+    if auth is None:
+        return None
+    session = _SESSION_NAME_REFUSED.sub("-", f"bt-agent-{job_id}" if job_id else "bt-agent")
+    if auth.auth_method is WeightsAuthMethod.AWS_ASSUME_ROLE and auth.aws_assume_role_arn:
+        return AwsRole(auth.aws_assume_role_arn, auth.aws_assume_role_region, session_name=session)
+    if auth.auth_method is WeightsAuthMethod.AWS_OIDC and auth.aws_oidc_role_arn:
+        return AwsRole(
+            auth.aws_oidc_role_arn,
+            auth.aws_oidc_region,
+            "AWS_OIDC",
+            session,
+            environ.get(WEB_IDENTITY_TOKEN_VARIABLE),
+        )
+    return None
+
+
 def stage_job_weights(
     job: TrainingJob,
     context: NodeContext,
@@ -270,7 +297,9 @@ class WeightsStager:
         if weights.scheme == "bt":
             return self.outage.call(f"weights[{index}]", lambda: self._open_trained(weights))
         secret = self.secrets.get(weights.secret_name) if weights.secret_name else None
-        return open_store(weights.source, self.environ, secret, weights.secret_name or "")
+        job_id = self.checkpoints.job_id if self.checkpoints else None
+        role = aws_role(weights, self.environ, job_id)
+        return open_store(weights.source, self.environ, secret, weights.secret_name or "", role)
 
     def _open_trained(self, weights: WeightsSource) -> ObjectStore:
         from bt_agent.staging.trained import open_checkpoint_source

@@ -1,9 +1,10 @@
 """Credentials for a weights source, from the secret named in the spec (REFERENCE.md §5).
 
 HF: the token itself. S3 and R2: JSON ``{"aws_access_key_id", "aws_secret_access_key",
-"aws_region"?, "aws_session_token"?}``. GCS: a service-account JSON. Azure: a connection string,
-a SAS token or the account key. https: a token (:mod:`web`). The store's own credentials come
-from each SDK's standard environment instead. Values never appear in errors or ``repr``.
+"aws_region"?, "aws_session_token"?}``, or an IAM role the spec names (:class:`AwsRole`). GCS: a
+service-account JSON. Azure: a connection string, a SAS token or the account key. https: a token
+(:mod:`web`). The store's own credentials come from each SDK's standard environment instead. Values
+never appear in errors or ``repr``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,26 @@ class S3Keys:
     secret_access_key: str = field(repr=False)
     region: str | None = None
     session_token: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class AwsRole:
+    """An IAM role to assume for an ``s3://`` source, as the spec's ``auth`` names it:
+    ``AWS_ASSUME_ROLE`` with the credentials found otherwise (a secret's keys, the environment's,
+    botocore's chain), ``AWS_OIDC`` with the web identity token in ``token_file``
+    (``AWS_WEB_IDENTITY_TOKEN_FILE``). ``region``: where STS is asked (the bucket's is found as for
+    any source); ``session_name``: what the role's sessions are called in AWS's logs
+    (CloudTrail)."""
+
+    arn: str
+    region: str | None = None
+    method: str = "AWS_ASSUME_ROLE"
+    session_name: str = "bt-agent"
+    token_file: str | None = None
+
+    @property
+    def web_identity(self) -> bool:
+        return self.method == "AWS_OIDC"
 
 
 def _json_object(secret: str, what: str, name: str) -> dict[str, Any]:

@@ -107,7 +107,8 @@ _CAUSE = re.compile(r'(?:message|error): "([^"]+)"')
 #: Where the engine asked for a token of an identity (its query left out where it is shown).
 _TOKEN_URL = re.compile(r"Error performing (?:GET|POST) (\S+) in ")
 #: A credential provider of ours that failed (botocore's chain: no credentials, an SSO session
-#: expired, a credential_process that failed), as the engine reports it.
+#: expired, a credential_process that failed; a role STS would not give, or could not be
+#: reached for), as the engine reports it.
 _PROVIDER_FAILED = re.compile(r"credential provider: (\w+): ([^\n]+)")
 _NO_CONTAINER = re.compile(r"<Code>(NoSuchBucket|ContainerNotFound)</Code>")
 #: An object in an archive (S3's Glacier classes, Azure's archive tier): read once restored.
@@ -471,6 +472,8 @@ class EngineStore(ObjectStore):
             )
         if provider := _PROVIDER_FAILED.search(text):  # the credentials, not the service
             name, said = provider.groups()
+            if name == "TransientStoreError":  # STS out of reach: asked again
+                return TransientStoreError(said, uri)
             own = said if name == "AccessDeniedError" else f"{uri}: {name}: {said}"
             return AccessDeniedError(own, uri)
         if isinstance(exc, engine.PermissionDeniedError | engine.UnauthenticatedError) or code in (

@@ -7,11 +7,12 @@ from urllib.parse import unquote, urlparse
 
 from bt_agent.errors import UsageError
 from bt_agent.settings import Environ
-from bt_agent.spec.urls import unreadable_url
+from bt_agent.spec.urls import shown_url, unreadable_url
 from bt_agent.storage.base import ObjectStore
 from bt_agent.storage.credentials import (
     EMULATOR_KEY,
     EMULATOR_URL,
+    AwsRole,
     AzureCredentials,
     S3Keys,
     account_key,
@@ -48,16 +49,27 @@ ENGINE_SCHEMES = ("s3://", "r2://", "cw://", "azure://")
 
 
 def open_store(
-    url: str, environ: Environ | None = None, secret: str | None = None, secret_name: str = ""
+    url: str,
+    environ: Environ | None = None,
+    secret: str | None = None,
+    secret_name: str = "",
+    role: AwsRole | None = None,
 ) -> ObjectStore:
     """The store or source behind ``url``: ``file://``, ``s3://``, ``r2://``, ``cw://``,
     ``gs://``, ``azure://``, ``hf://`` (read-only), ``http(s)://`` (read-only). ``secret`` is the
-    content of the secret the spec names, in the format of REFERENCE.md §5."""
+    content of the secret the spec names, in the format of REFERENCE.md §5; ``role``, an IAM
+    role the spec names for an ``s3://`` source."""
     environ = environ or Environ.current()
     if (why := unreadable_url(url)) is not None:
         raise UsageError(f"invalid URL: {url!r} {why}")
     parsed = urlparse(url)
     scheme = parsed.scheme
+    if role is not None and scheme != "s3":
+        raise UsageError(
+            f"{shown_url(url)}: auth_method {role.method} assumes an AWS IAM role, which only "
+            "s3:// sources take; give this source's credentials in a secret "
+            "(auth_method CUSTOM_SECRET, auth_secret_name)"
+        )
     if scheme == "file":
         return FileStore(unquote(parsed.path))
     if scheme == "s3":
@@ -75,6 +87,7 @@ def open_store(
             fips=_flag(environ, "AWS_USE_FIPS_ENDPOINT"),
             dualstack=_flag(environ, "AWS_USE_DUALSTACK_ENDPOINT"),
             shared_config=_shared_config(environ),
+            role=role,
         )
     if scheme == "r2":
         return _r2(url, environ, secret, secret_name)

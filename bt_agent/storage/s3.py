@@ -1,27 +1,29 @@
 """``s3://bucket/prefix`` (and ``r2://``, ``cw://``, any S3-compatible endpoint) on obstore
 (:mod:`bt_agent.storage.engine`).
 
-What is S3's own: the endpoint (``AWS_ENDPOINT_URL(_S3)`` or the engine's ``AWS_ENDPOINT``, else
-the profile's, else AWS's in the region's partition, its FIPS or dual-stack endpoint where
-``AWS_USE_FIPS_ENDPOINT`` or ``AWS_USE_DUALSTACK_ENDPOINT`` or the profile asks for one, a
-directory bucket's zonal endpoint for S3 Express One Zone), the region, and the credentials: the
-keys of a secret or of the environment as they are (botocore, slow to import, is not, unless the
-shared config file names a setting of the endpoint), else botocore's own chain (profiles, SSO, web
-identity, container and instance roles, ``credential_process``), asked again before what it gave
-expires. Either way the engine gets them through its credential provider, so that no variable of
-the environment is mixed into a secret's keys. Every request with a body carries its SHA-256
-checksum (the engine's ``checksum_algorithm``), which the service verifies.
+What is S3's own: the endpoint (``AWS_ENDPOINT_URL(_S3)`` or the engine's ``AWS_ENDPOINT``, else the
+profile's, else AWS's in the region's partition, its FIPS or dual-stack endpoint where
+``AWS_USE_FIPS_ENDPOINT`` or ``AWS_USE_DUALSTACK_ENDPOINT`` or the profile asks for one, a directory
+bucket's zonal endpoint for S3 Express One Zone), the region, and the credentials: the keys of a
+secret or of the environment as they are (botocore, slow to import, is not, unless the shared config
+file names a setting of the endpoint), else botocore's own chain (profiles, SSO, web identity,
+container and instance roles, ``credential_process``), asked again before what it gave expires;
+where the spec names an IAM role, the role assumed with them (:mod:`roles`). Either way the engine
+gets them through its credential provider, so that no variable of the environment is mixed into a
+secret's keys. Every request with a body carries its SHA-256 checksum (the engine's
+``checksum_algorithm``), which the service verifies.
 """
 
 from __future__ import annotations
 
 import contextlib
-from datetime import timezone
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from bt_agent.errors import AccessDeniedError, StoreError
-from bt_agent.storage.credentials import S3Keys
+from bt_agent.storage.credentials import AwsRole, S3Keys
 from bt_agent.storage.engine import ENGINE_RETRIES, EngineStore, Proxies, Tuning
+from bt_agent.storage.roles import RoleCredentials, engine_credential
 
 if TYPE_CHECKING:
     from obstore.store import S3Credential
@@ -72,6 +74,7 @@ class S3Store(EngineStore):
         virtual_hosted: bool = False,
         shared_config: str | None = None,
         missing_hint: str = "",
+        role: AwsRole | None = None,
     ) -> None:
         """``fips`` and ``dualstack``: whether to use AWS's FIPS and dual-stack (IPv6)
         endpoints; None where the environment does not say (then the profile may).
@@ -81,7 +84,8 @@ class S3Store(EngineStore):
         of the shared config file, read through botocore even where keys and a region are
         given if it names one of :data:`ENDPOINT_SETTINGS`, as botocore reads it then too.
         ``missing_hint``: where else a bucket the endpoint does not hold may be, said where it
-        does not (``; ...``)."""
+        does not (``; ...``). ``role``: an IAM role to assume with the credentials found (or
+        with a web identity token), whose credentials the engine is given."""
         prefix = prefix.strip("/")
         super().__init__(
             prefix,
@@ -94,12 +98,13 @@ class S3Store(EngineStore):
         self.bucket = bucket
         self.keys = keys
         self.region = region or (keys.region if keys else None)
+        self.role = role
         self.fips, self.dualstack = fips, dualstack
         self.virtual_hosted = virtual_hosted
         self.signing_region = self.region  # the region requests are signed for, once known
         self.shared_config = shared_config
         self.missing_hint = missing_hint
-        self._credentials: _Keys | _BotocoreChain | None = None  # the engine's, once made
+        self._credentials: Callable[[], S3Credential] | None = None  # the engine's, once made
 
     def own_endpoint(self) -> str:
         """A directory bucket's zonal endpoint, which the engine finds from its name (every
@@ -125,7 +130,7 @@ class S3Store(EngineStore):
         from obstore.store import S3Store as Engine
 
         config: dict[str, Any] = {}
-        keys: _Keys | _BotocoreChain | None = _Keys(self.keys) if self.keys else None
+        keys: Callable[[], S3Credential] | None = _Keys(self.keys) if self.keys else None
         region = self.region
         fips, dualstack = self.fips, self.dualstack
         if keys is None or region is None or names_endpoint_settings(self.shared_config):
@@ -150,6 +155,8 @@ class S3Store(EngineStore):
                 self.endpoint_url = bucket_endpoint(self.endpoint_url, self.bucket)
             config.update(endpoint=self.endpoint_url)
         config["virtual_hosted_style_request"] = self.virtual_hosted
+        if self.role is not None:
+            keys = RoleCredentials(self.uri(), self.role, keys, self.ca_bundle)
         self._credentials = keys
         return Engine(
             self.bucket,
@@ -387,11 +394,4 @@ class _BotocoreChain:
                 "use a profile (AWS_PROFILE), or name a secret",
                 self.uri,
             )
-        frozen = self.credentials.get_frozen_credentials()
-        expiry = getattr(self.credentials, "_expiry_time", None)  # refreshable ones have it
-        return {
-            "access_key_id": frozen.access_key,
-            "secret_access_key": frozen.secret_key,
-            "token": frozen.token,
-            "expires_at": expiry.astimezone(timezone.utc) if expiry else None,  # what it takes
-        }
+        return engine_credential(self.credentials)
