@@ -7,8 +7,8 @@ What the engine cannot know stays here: each upload's sha256, computed once whil
 stored as the object's ``sha256`` metadata where it is known before the first byte is sent
 (below the multipart size); ranged downloads in parallel, written at their offsets; batches of
 small objects, many in flight; and its errors turned into the typed errors of
-:mod:`bt_agent.errors`, a certificate that cannot be trusted among them (a clear error at once,
-never an outage to wait out).
+:mod:`bt_agent.errors` (:mod:`engine_errors`), a certificate that cannot be trusted among them (a
+clear error at once, never an outage to wait out).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import contextlib
 import hashlib
 import math
 import os
-import re
 import threading
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -30,10 +29,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from bt_agent.errors import (
-    AccessDeniedError,
-    IntegrityError,
     KeyRefusedError,
-    NotFoundError,
     StoreError,
     TransientStoreError,
 )
@@ -43,14 +39,11 @@ from bt_agent.storage.base import (
     Finished,
     ObjectInfo,
     ObjectStore,
-    Refusal,
     U,
     Wanted,
     is_http_url,
-    speaks_no_tls,
-    speaks_tls,
-    untrusted_certificate,
 )
+from bt_agent.storage.engine_errors import EngineErrors, first_line
 from bt_agent.storage.flight import (
     DaemonLoop,
     DaemonPool,
@@ -80,45 +73,6 @@ ENGINE_RETRIES: RetryConfig = {
     "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=2)},
     "retry_timeout": timedelta(seconds=30),
 }
-_CORRUPT = re.compile(
-    r"BadDigest|InvalidDigest|XAmzContentSHA256Mismatch|InvalidChecksum|Md5Mismatch"
-)
-_CERTIFICATE = re.compile(r"certificate|UnknownIssuer|CertNotValid|NotValidForName", re.I)
-#: rustls' word for a first answer that is no TLS record (a server of plain HTTP, most often).
-_NOT_TLS = re.compile(r"InvalidMessage\(\s*InvalidContentType")
-#: A server of TLS answering a request of plain HTTP (Go's net/http; nginx).
-_TLS_ONLY = re.compile(
-    r"(?:Client sent an )?HTTP request to an HTTPS server"
-    r"|(?:The )?plain HTTP request was sent to HTTPS port"
-)
-#: How a server of TLS only may meet a request of plain HTTP without saying why: the connection
-#: cut while a write's body is sent (Go's servers), or a 400 without a body (a HEAD's).
-_CUT = re.compile(r"reset by peer|connection closed|IncompleteMessage|Broken pipe", re.I)
-#: Seconds the handshake that tells a server of TLS may take.
-TLS_PROBE_SECONDS = 3.0
-_STATUS = re.compile(r"status code: (\d{3})")
-#: S3's answer to a request signed for a region other than the bucket's: a redirect without a
-#: place to go (the engine's words), or its error code.
-_OTHER_REGION = re.compile(r"redirect without LOCATION|the region '[^']*' is wrong")
-_REGION = re.compile(r"(?:expecting '|<Region>)([\w-]+)")
-#: Why a connection failed, in the words of the system or the resolver, as the engine's report
-#: quotes them (its first line only says "error sending request").
-_CAUSE = re.compile(r'(?:message|error): "([^"]+)"')
-#: Where the engine asked for a token of an identity (its query left out where it is shown).
-_TOKEN_URL = re.compile(r"Error performing (?:GET|POST) (\S+) in ")
-#: A credential provider of ours that failed (botocore's chain: no credentials, an SSO session
-#: expired, a credential_process that failed; a role STS would not give, or could not be
-#: reached for), as the engine reports it.
-_PROVIDER_FAILED = re.compile(r"credential provider: (\w+): ([^\n]+)")
-_NO_CONTAINER = re.compile(r"<Code>(NoSuchBucket|ContainerNotFound)</Code>")
-#: An object in an archive (S3's Glacier classes, Azure's archive tier): read once restored.
-_ARCHIVED = re.compile(r"<Code>(InvalidObjectState|BlobArchived)</Code>")
-#: The service's own code and words for what it refused (the XML errors of S3 and Azure; the
-#: words' first line: Azure's go on with a request id and a time).
-_SERVICE_SAID = re.compile(r"<Code>([^<]+)</Code>\s*<Message>([^<\n]*)")
-#: An object whose name the engine cannot take (a control character, an empty segment).
-_UNREADABLE_NAME = re.compile(r'Error parsing Path "(.*?)": ([^\n]*)', re.S)
-_RETRYABLE = re.compile(r"SlowDown|RequestTimeout|InternalError|ServiceUnavailable|Throttl|Busy")
 
 
 @dataclass(frozen=True)
@@ -231,7 +185,7 @@ class EngineStore(ObjectStore):
         self._loop: DaemonLoop | None = None  # ranged downloads
         self._uploading = threading.Condition()  # notified as a multipart upload ends, or a halt
         self._uploads = 0  # multipart uploads under way in the engine
-        self._tls_only: bool | None = None  # whether the http:// endpoint takes TLS only
+        self._errors = EngineErrors(self)
         self._ranged_now: dict[Path, Ranged] = {}  # by partial file: what is written, for a retry
         self._halted = threading.Event()  # the process is stopping: ranges and uploads end (halt)
 
@@ -257,7 +211,7 @@ class EngineStore(ObjectStore):
             made = self._make_engine()
         except (engine.BaseError, ValueError) as exc:
             raise StoreError(
-                f"{self.uri()}: its settings are refused ({_first_line(str(exc))}); check its "
+                f"{self.uri()}: its settings are refused ({first_line(str(exc))}); check its "
                 "credentials and endpoint",
                 self.uri(),
             ) from None
@@ -294,7 +248,7 @@ class EngineStore(ObjectStore):
         }
         if self.ca_bundle:
             options["root_certificate"] = self._root_certificate(self.ca_bundle)
-        if proxy := self._proxy():
+        if proxy := self.proxy():
             options["proxy_url"] = proxy
             if self.proxies and self.proxies.excludes:
                 options["proxy_excludes"] = self.proxies.excludes
@@ -315,7 +269,7 @@ class EngineStore(ObjectStore):
             f"{self.uri()}: {problem}; point it at the PEM file of the endpoint's CA", self.uri()
         )
 
-    def _proxy(self) -> str | None:
+    def proxy(self) -> str | None:
         """The proxy of requests to the endpoint, where one is set: a URL of a host (``host:port``
         is ``http://host:port``, as curl reads it), else an error (which does not show it: a
         proxy's URL may hold a password)."""
@@ -425,94 +379,8 @@ class EngineStore(ObjectStore):
     # --- errors --------------------------------------------------------------------------------
 
     def _error(self, exc: Exception, key: str) -> Exception:
-        """The typed error for one of the engine's."""
-        from obstore import exceptions as engine
-
-        if isinstance(exc, StoreError):
-            return exc
-        uri = self.uri(key)
-        text = str(exc)
-        detail = _first_line(text)
-        status = _STATUS.search(text)
-        code = status.group(1) if status else ""
-        where = self.endpoint_url or self.own_endpoint()
-        if _NO_CONTAINER.search(text):  # not an object missing: nothing can be read or written
-            return StoreError(
-                f"{uri}: the {self.container_noun} of {self.uri()} does not exist; check its name "
-                f"and where requests go ({where}){self.missing_hint}",
-                uri,
-            )
-        if unreadable := _UNREADABLE_NAME.search(text):  # in a listing: no retry can read it
-            name, why = unreadable.groups()
-            why = CONTROL.sub(lambda found: repr(found.group(0)).strip("'"), why)
-            return StoreError(
-                f"{uri}: the engine cannot read the name of the object {name!r} there ({why}); "
-                f"rename it, or move it from under {self.uri()}",
-                uri,
-            )
-        if isinstance(exc, FileNotFoundError | engine.NotFoundError) or code == "404":
-            return NotFoundError(
-                f"{uri} does not exist; check the {self.container_noun} and the path", uri
-            )
-        if _ARCHIVED.search(text):  # neither a retry nor other credentials read it
-            return StoreError(
-                f"{uri}: the object is archived ({_said(text)}); restore it to a storage class "
-                "that is read at once (S3: restore-object; Azure: rehydrate it to the hot or "
-                "cool tier), or copy it to one",
-                uri,
-            )
-        if "Error performing token request" in text:  # the identity's, of no use here
-            asked, causes = _TOKEN_URL.search(text), _CAUSE.findall(text)
-            if asked and causes:  # its endpoint out of reach (the metadata service's, most often)
-                detail = f"cannot reach {asked.group(1).partition('?')[0]}: {causes[-1]}"
-            return AccessDeniedError(
-                f"{uri}: no credentials: {self.token_identity} gave none ({detail}); "
-                f"{self.credentials_hint}",
-                uri,
-            )
-        if provider := _PROVIDER_FAILED.search(text):  # the credentials, not the service
-            name, said = provider.groups()
-            if name == "TransientStoreError":  # STS out of reach: asked again
-                return TransientStoreError(said, uri)
-            own = said if name == "AccessDeniedError" else f"{uri}: {name}: {said}"
-            return AccessDeniedError(own, uri)
-        if isinstance(exc, engine.PermissionDeniedError | engine.UnauthenticatedError) or code in (
-            "401",
-            "403",
-        ):
-            why = f" {said}" if (said := _said(text)) else ""
-            return AccessDeniedError(
-                f"{uri}: access denied ({code or 'forbidden'}{why}); {self.access_hint()}"
-                f"{self.missing_hint}",
-                uri,
-            )
-        if isinstance(exc, engine.PreconditionError):  # If-Match: another version is there
-            return self.changed(key)
-        if not isinstance(exc, engine.BaseError):
-            return exc
-        if _OTHER_REGION.search(text):
-            named = _REGION.search(text)
-            return StoreError(f"{uri}: {self.other_region(named and named.group(1))}", uri)
-        if _CORRUPT.search(text):
-            return IntegrityError(f"{uri}: the service rejected the checksum ({detail})", uri)
-        if _CERTIFICATE.search(text):
-            return StoreError(f"{uri}: {self._untrusted(where, _tls_reason(text))}", uri)
-        if _NOT_TLS.search(text):
-            return StoreError(f"{uri}: {speaks_no_tls(where, 'invalid content type')}", uri)
-        if self.plain_http and (asked := _TLS_ONLY.search(text)):
-            return StoreError(f"{uri}: {speaks_tls(where, asked.group(0))}", uri)
-        said = (_CAUSE.findall(text) or [detail])[-1] if not code else f"{code} without a reason"
-        if (code == "400" or (not code and _CUT.search(text))) and self._takes_tls_only():
-            return StoreError(
-                f"{uri}: {speaks_tls(where, f'{said}; a TLS handshake with it succeeds')}", uri
-            )
-        if code.startswith("5") or code == "429" or _RETRYABLE.search(text):
-            return TransientStoreError(f"{uri}: {code or 'retryable'}: {detail}", uri)
-        if not code:  # no answer at all: connection refused, reset, timed out, no such host
-            return TransientStoreError(f"{uri}: cannot reach {self._route(where)} ({said})", uri)
-        if said_so := _said(text):  # the service's words rather than its XML
-            return StoreError(f"{uri}: the service refused the request ({code} {said_so})", uri)
-        return StoreError(f"{uri}: {detail}", uri)
+        """The typed error for one of the engine's (:mod:`engine_errors`)."""
+        return self._errors.typed(exc, key)
 
     def own_endpoint(self) -> str:
         """Where requests go that the engine finds itself (no ``endpoint_url``), in errors."""
@@ -526,38 +394,6 @@ class EngineStore(ObjectStore):
         """What to do where the service says the bucket is in another region (``region``,
         where it names it)."""
         return f"the service says the bucket is in another region ({region or 'not named'})"
-
-    def _route(self, where: str) -> str:
-        """``where``, and the proxy its requests go through where one is set (and no
-        ``NO_PROXY`` list may exempt it), without a user or password its URL holds."""
-        proxy = self._proxy()
-        if not proxy or (self.proxies and self.proxies.excludes):
-            return where
-        parts = urlsplit(proxy)
-        port = f":{parts.port}" if parts.port else ""
-        return f"{where} through the proxy {parts.scheme}://{parts.hostname}{port}"
-
-    def _takes_tls_only(self) -> bool:
-        """Whether the endpoint, written ``http://``, is a server of TLS only: asked once, by
-        a handshake of its own, where a request went wrong without a word of why (not where
-        a proxy carries the requests, which the handshake would not go through)."""
-        endpoint = self.endpoint_url
-        if self._tls_only is None:
-            self._tls_only = bool(
-                endpoint and self.plain_http and not self._proxy() and _answers_tls(endpoint)
-            )
-        return self._tls_only
-
-    def _untrusted(self, where: str, reason: str) -> str:
-        """Why the certificate of ``where`` was refused (rustls' ``reason``), and what to do."""
-        kind: Refusal = (
-            "expired"
-            if reason.startswith(("Expired", "NotValidYet"))
-            else "other-host"
-            if reason.startswith("NotValidForName")
-            else "untrusted"
-        )
-        return untrusted_certificate(where, kind, reason, self.ca_variable)
 
     def _engine_call(self, key: str, call: Callable[[Any], Any]) -> Any:
         try:
@@ -1064,43 +900,3 @@ def _range_options(job: Ranged, first: int, end: int) -> GetOptions:
     it so)."""
     whole = first == 0 and end == job.info.size
     return _get_options(job.info.version, first, None if whole else end - first)
-
-
-def _answers_tls(endpoint: str) -> bool:
-    """Whether the server of ``endpoint`` completes a TLS handshake (its certificate unchecked:
-    nothing is sent over the connection), or answers it with a TLS alert."""
-    import socket
-    import ssl
-
-    parts = urlsplit(endpoint)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    address = (parts.hostname or "", parts.port or 80)
-    try:
-        with (
-            socket.create_connection(address, timeout=TLS_PROBE_SECONDS) as connection,
-            context.wrap_socket(connection, server_hostname=parts.hostname),
-        ):
-            return True
-    except ssl.SSLError as exc:
-        return "ALERT" in (exc.reason or "")  # it spoke TLS, refusing something of ours
-    except OSError:  # refused, reset, timed out: no server of TLS there
-        return False
-
-
-def _said(text: str) -> str:
-    """The service's code and words for what it refused (``Code: message``), where its answer
-    gives them; else nothing."""
-    found = _SERVICE_SAID.search(text)
-    return f"{found.group(1)}: {found.group(2).strip()}" if found else ""
-
-
-def _first_line(text: str) -> str:
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    return line.split(" - ", 1)[-1].strip().rstrip(":")
-
-
-def _tls_reason(text: str) -> str:
-    found = re.search(r"InvalidCertificate\(\s*(\w+)", text)
-    return found.group(1) if found else "certificate verification failed"

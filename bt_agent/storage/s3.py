@@ -144,7 +144,7 @@ class S3Store(EngineStore):
             self.virtual_hosted = self.virtual_hosted or chain.addressing_style() == "virtual"
         express = not self.endpoint_url and self.bucket.endswith(EXPRESS_SUFFIX)
         if region is None and not self.endpoint_url and not express:  # AWS, no region set
-            region = bucket_region(self.bucket, self.ca_bundle, self._proxy(), REGION_ENDPOINT)
+            region = bucket_region(self.bucket, self.ca_bundle, self.proxy(), REGION_ENDPOINT)
         self.region = self.signing_region = region = region or "us-east-1"  # kept for a remake
         if express:
             config["s3_express"] = True  # the engine finds the zone's endpoint and sessions
@@ -214,7 +214,7 @@ class S3Store(EngineStore):
         if endpoint and self.virtual_hosted:
             endpoint = path_endpoint(endpoint, self.bucket)
         style = "virtual" if self.virtual_hosted else "path" if endpoint else "auto"
-        proxy = self._proxy()
+        proxy = self.proxy()
         config = Config(
             connect_timeout=CLEANUP_TIMEOUT_SECONDS,
             read_timeout=CLEANUP_TIMEOUT_SECONDS,
