@@ -4,6 +4,7 @@ takes, on the same port (as ``AWS_ENDPOINT_URL`` sends both S3's and STS's reque
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -181,6 +182,31 @@ def test_the_role_s_credentials_are_asked_for_again_before_they_expire(
             aws_session_token=credential["token"],
         )
         assert sts.get_caller_identity()["Arn"].endswith("assumed-role/Weights/bt-agent-abc1234")
+
+
+def test_a_secret_s_keys_assume_the_role_where_the_source_names_both(
+    sts_s3: servers.SeaweedFS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A source with a secret (``auth_secret_name``) and a role: the secret's keys, not the
+    environment's, are what the role is assumed with."""
+    for name, value in sts_s3.client_env().items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):  # nothing to fall back on
+        monkeypatch.delenv(name)
+    source = _seed(sts_s3, {"a.txt": b"secret's"})
+    secret = json.dumps(
+        {
+            "aws_access_key_id": PLATFORM["AWS_ACCESS_KEY_ID"],
+            "aws_secret_access_key": PLATFORM["AWS_SECRET_ACCESS_KEY"],
+        }
+    )
+    with open_store(source, Environ.current(), secret, "s3", AwsRole(ROLE, "us-east-1")) as store:
+        assert store.read_bytes("a.txt") == b"secret's"
+    wrong = json.dumps({"aws_access_key_id": "nobody", "aws_secret_access_key": "x"})
+    refused_store = open_store(source, Environ.current(), wrong, "s3", AwsRole(ROLE, "us-east-1"))
+    with refused_store, pytest.raises(AccessDeniedError) as refused:
+        refused_store.read_bytes("a.txt")
+    assert f"cannot assume the role {ROLE}" in str(refused.value)
 
 
 def test_a_role_session_is_named_for_the_job() -> None:
