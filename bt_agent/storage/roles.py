@@ -139,9 +139,8 @@ class _Frozen:
         self.source = source
 
     def get_frozen_credentials(self) -> Any:
-        from botocore.credentials import ReadOnlyCredentials
+        from botocore.credentials import Credentials
 
         given = self.source()
-        return ReadOnlyCredentials(
-            given["access_key_id"], given["secret_access_key"], given.get("token"), None
-        )
+        keys = Credentials(given["access_key_id"], given["secret_access_key"], given.get("token"))
+        return keys.get_frozen_credentials()
