@@ -43,7 +43,7 @@ from bt_agent.storage.base import (
     Wanted,
     is_http_url,
 )
-from bt_agent.storage.engine_errors import EngineErrors, first_line
+from bt_agent.storage.engine_errors import answers_tls, first_line, typed_error
 from bt_agent.storage.flight import (
     DaemonLoop,
     DaemonPool,
@@ -185,7 +185,7 @@ class EngineStore(ObjectStore):
         self._loop: DaemonLoop | None = None  # ranged downloads
         self._uploading = threading.Condition()  # notified as a multipart upload ends, or a halt
         self._uploads = 0  # multipart uploads under way in the engine
-        self._errors = EngineErrors(self)
+        self._tls_only: bool | None = None  # whether the http:// endpoint takes TLS only
         self._ranged_now: dict[Path, Ranged] = {}  # by partial file: what is written, for a retry
         self._halted = threading.Event()  # the process is stopping: ranges and uploads end (halt)
 
@@ -380,7 +380,7 @@ class EngineStore(ObjectStore):
 
     def _error(self, exc: Exception, key: str) -> Exception:
         """The typed error for one of the engine's (:mod:`engine_errors`)."""
-        return self._errors.typed(exc, key)
+        return typed_error(self, exc, key)
 
     def own_endpoint(self) -> str:
         """Where requests go that the engine finds itself (no ``endpoint_url``), in errors."""
@@ -394,6 +394,26 @@ class EngineStore(ObjectStore):
         """What to do where the service says the bucket is in another region (``region``,
         where it names it)."""
         return f"the service says the bucket is in another region ({region or 'not named'})"
+
+    def route(self, where: str) -> str:
+        """``where``, and the proxy its requests go through where one is set (and no
+        ``NO_PROXY`` list may exempt it), without a user or password its URL holds."""
+        proxy = self.proxy()
+        if not proxy or (self.proxies and self.proxies.excludes):
+            return where
+        parts = urlsplit(proxy)
+        port = f":{parts.port}" if parts.port else ""
+        return f"{where} through the proxy {parts.scheme}://{parts.hostname}{port}"
+
+    def takes_tls_only(self) -> bool:
+        """Whether the endpoint, written ``http://``, is a server of TLS only: asked once, by
+        a handshake of its own, where a request went wrong without a word of why (not where
+        a proxy carries the requests, which the handshake would not go through)."""
+        endpoint = self.endpoint_url
+        if self._tls_only is None:
+            direct = self.plain_http and not self.proxy()
+            self._tls_only = bool(endpoint and direct and answers_tls(endpoint))
+        return self._tls_only
 
     def _engine_call(self, key: str, call: Callable[[Any], Any]) -> Any:
         try:

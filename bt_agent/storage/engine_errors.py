@@ -11,11 +11,12 @@ read) is said at once with what to do; what may pass (a 5xx, throttling, no answ
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from bt_agent.errors import (
     AccessDeniedError,
+    ChangedError,
     IntegrityError,
     NotFoundError,
     StoreError,
@@ -23,9 +24,6 @@ from bt_agent.errors import (
 )
 from bt_agent.spec.urls import CONTROL
 from bt_agent.storage.base import Refusal, speaks_no_tls, speaks_tls, untrusted_certificate
-
-if TYPE_CHECKING:
-    from bt_agent.storage.engine import EngineStore
 
 _CORRUPT = re.compile(
     r"BadDigest|InvalidDigest|XAmzContentSHA256Mismatch|InvalidChecksum|Md5Mismatch"
@@ -68,138 +66,132 @@ _UNREADABLE_NAME = re.compile(r'Error parsing Path "(.*?)": ([^\n]*)', re.S)
 _RETRYABLE = re.compile(r"SlowDown|RequestTimeout|InternalError|ServiceUnavailable|Throttl|Busy")
 
 
-class EngineErrors:
-    """The engine's errors of one store, typed, in the words of its endpoint, its container and
-    where its credentials come from."""
+class ErrorContext(Protocol):
+    """What the errors of a store's engine are said with: its endpoint, its container, where
+    its credentials come from, and how its requests go (an :class:`EngineStore`)."""
 
-    def __init__(self, store: EngineStore) -> None:
-        self.store = store
-        self._tls_only: bool | None = None  # whether the http:// endpoint takes TLS only
+    endpoint_url: str | None
+    container_noun: str
+    missing_hint: str
+    token_identity: str
+    credentials_hint: str
+    ca_variable: str
 
-    def typed(self, exc: Exception, key: str) -> Exception:
-        """The typed error for one of the engine's about ``key``."""
-        from obstore import exceptions as engine
+    @property
+    def plain_http(self) -> bool: ...
+    def uri(self, key: str = "") -> str: ...
+    def own_endpoint(self) -> str: ...
+    def access_hint(self) -> str: ...
+    def other_region(self, region: str | None) -> str: ...
+    def changed(self, key: str, pinned: str = "", now: str = "") -> ChangedError: ...
+    def route(self, where: str) -> str: ...
+    def takes_tls_only(self) -> bool: ...
 
-        if isinstance(exc, StoreError):
-            return exc
-        store = self.store
-        uri = store.uri(key)
-        text = str(exc)
-        detail = first_line(text)
-        status = _STATUS.search(text)
-        code = status.group(1) if status else ""
-        where = store.endpoint_url or store.own_endpoint()
-        if _NO_CONTAINER.search(text):  # not an object missing: nothing can be read or written
-            return StoreError(
-                f"{uri}: the {store.container_noun} of {store.uri()} does not exist; check its "
-                f"name and where requests go ({where}){store.missing_hint}",
-                uri,
-            )
-        if unreadable := _UNREADABLE_NAME.search(text):  # in a listing: no retry can read it
-            name, why = unreadable.groups()
-            why = CONTROL.sub(lambda found: repr(found.group(0)).strip("'"), why)
-            return StoreError(
-                f"{uri}: the engine cannot read the name of the object {name!r} there ({why}); "
-                f"rename it, or move it from under {store.uri()}",
-                uri,
-            )
-        if isinstance(exc, FileNotFoundError | engine.NotFoundError) or code == "404":
-            return NotFoundError(
-                f"{uri} does not exist; check the {store.container_noun} and the path", uri
-            )
-        if _ARCHIVED.search(text):  # neither a retry nor other credentials read it
-            return StoreError(
-                f"{uri}: the object is archived ({_said(text)}); restore it to a storage class "
-                "that is read at once (S3: restore-object; Azure: rehydrate it to the hot or "
-                "cool tier), or copy it to one",
-                uri,
-            )
-        if "Error performing token request" in text:  # the identity's, of no use here
-            asked, causes = _TOKEN_URL.search(text), _CAUSE.findall(text)
-            if asked and causes:  # its endpoint out of reach (the metadata service's, most often)
-                detail = f"cannot reach {asked.group(1).partition('?')[0]}: {causes[-1]}"
-            return AccessDeniedError(
-                f"{uri}: no credentials: {store.token_identity} gave none ({detail}); "
-                f"{store.credentials_hint}",
-                uri,
-            )
-        if provider := _PROVIDER_FAILED.search(text):  # the credentials, not the service
-            name, said = provider.groups()
-            if name == "TransientStoreError":  # STS out of reach: asked again
-                return TransientStoreError(said, uri)
-            own = said if name == "AccessDeniedError" else f"{uri}: {name}: {said}"
-            return AccessDeniedError(own, uri)
-        if isinstance(exc, engine.PermissionDeniedError | engine.UnauthenticatedError) or code in (
-            "401",
-            "403",
-        ):
-            why = f" {said}" if (said := _said(text)) else ""
-            return AccessDeniedError(
-                f"{uri}: access denied ({code or 'forbidden'}{why}); {store.access_hint()}"
-                f"{store.missing_hint}",
-                uri,
-            )
-        if isinstance(exc, engine.PreconditionError):  # If-Match: another version is there
-            return store.changed(key)
-        if not isinstance(exc, engine.BaseError):
-            return exc
-        if _OTHER_REGION.search(text):
-            named = _REGION.search(text)
-            return StoreError(f"{uri}: {store.other_region(named and named.group(1))}", uri)
-        if _CORRUPT.search(text):
-            return IntegrityError(f"{uri}: the service rejected the checksum ({detail})", uri)
-        if _CERTIFICATE.search(text):
-            return StoreError(f"{uri}: {self._untrusted(where, _tls_reason(text))}", uri)
-        if _NOT_TLS.search(text):
-            return StoreError(f"{uri}: {speaks_no_tls(where, 'invalid content type')}", uri)
-        if store.plain_http and (asked := _TLS_ONLY.search(text)):
-            return StoreError(f"{uri}: {speaks_tls(where, asked.group(0))}", uri)
-        said = (_CAUSE.findall(text) or [detail])[-1] if not code else f"{code} without a reason"
-        if (code == "400" or (not code and _CUT.search(text))) and self._takes_tls_only():
-            return StoreError(
-                f"{uri}: {speaks_tls(where, f'{said}; a TLS handshake with it succeeds')}", uri
-            )
-        if code.startswith("5") or code == "429" or _RETRYABLE.search(text):
-            return TransientStoreError(f"{uri}: {code or 'retryable'}: {detail}", uri)
-        if not code:  # no answer at all: connection refused, reset, timed out, no such host
-            return TransientStoreError(f"{uri}: cannot reach {self._route(where)} ({said})", uri)
-        if said_so := _said(text):  # the service's words rather than its XML
-            return StoreError(f"{uri}: the service refused the request ({code} {said_so})", uri)
-        return StoreError(f"{uri}: {detail}", uri)
 
-    def _route(self, where: str) -> str:
-        """``where``, and the proxy its requests go through where one is set (and no
-        ``NO_PROXY`` list may exempt it), without a user or password its URL holds."""
-        proxy = self.store.proxy()
-        if not proxy or (self.store.proxies and self.store.proxies.excludes):
-            return where
-        parts = urlsplit(proxy)
-        port = f":{parts.port}" if parts.port else ""
-        return f"{where} through the proxy {parts.scheme}://{parts.hostname}{port}"
+def typed_error(store: ErrorContext, exc: Exception, key: str) -> Exception:
+    """The typed error for one of the engine's about ``key`` in ``store``."""
+    from obstore import exceptions as engine
 
-    def _takes_tls_only(self) -> bool:
-        """Whether the endpoint, written ``http://``, is a server of TLS only: asked once, by
-        a handshake of its own, where a request went wrong without a word of why (not where
-        a proxy carries the requests, which the handshake would not go through)."""
-        endpoint = self.store.endpoint_url
-        if self._tls_only is None:
-            direct = self.store.plain_http and not self.store.proxy()
-            self._tls_only = bool(endpoint and direct and _answers_tls(endpoint))
-        return self._tls_only
-
-    def _untrusted(self, where: str, reason: str) -> str:
-        """Why the certificate of ``where`` was refused (rustls' ``reason``), and what to do."""
-        kind: Refusal = (
-            "expired"
-            if reason.startswith(("Expired", "NotValidYet"))
-            else "other-host"
-            if reason.startswith("NotValidForName")
-            else "untrusted"
+    if isinstance(exc, StoreError):
+        return exc
+    uri = store.uri(key)
+    text = str(exc)
+    detail = first_line(text)
+    status = _STATUS.search(text)
+    code = status.group(1) if status else ""
+    where = store.endpoint_url or store.own_endpoint()
+    if _NO_CONTAINER.search(text):  # not an object missing: nothing can be read or written
+        return StoreError(
+            f"{uri}: the {store.container_noun} of {store.uri()} does not exist; check its "
+            f"name and where requests go ({where}){store.missing_hint}",
+            uri,
         )
-        return untrusted_certificate(where, kind, reason, self.store.ca_variable)
+    if unreadable := _UNREADABLE_NAME.search(text):  # in a listing: no retry can read it
+        name, why = unreadable.groups()
+        why = CONTROL.sub(lambda found: repr(found.group(0)).strip("'"), why)
+        return StoreError(
+            f"{uri}: the engine cannot read the name of the object {name!r} there ({why}); "
+            f"rename it, or move it from under {store.uri()}",
+            uri,
+        )
+    if isinstance(exc, FileNotFoundError | engine.NotFoundError) or code == "404":
+        return NotFoundError(
+            f"{uri} does not exist; check the {store.container_noun} and the path", uri
+        )
+    if _ARCHIVED.search(text):  # neither a retry nor other credentials read it
+        return StoreError(
+            f"{uri}: the object is archived ({_said(text)}); restore it to a storage class "
+            "that is read at once (S3: restore-object; Azure: rehydrate it to the hot or "
+            "cool tier), or copy it to one",
+            uri,
+        )
+    if "Error performing token request" in text:  # the identity's, of no use here
+        asked, causes = _TOKEN_URL.search(text), _CAUSE.findall(text)
+        if asked and causes:  # its endpoint out of reach (the metadata service's, most often)
+            detail = f"cannot reach {asked.group(1).partition('?')[0]}: {causes[-1]}"
+        return AccessDeniedError(
+            f"{uri}: no credentials: {store.token_identity} gave none ({detail}); "
+            f"{store.credentials_hint}",
+            uri,
+        )
+    if provider := _PROVIDER_FAILED.search(text):  # the credentials, not the service
+        name, said = provider.groups()
+        if name == "TransientStoreError":  # STS out of reach: asked again
+            return TransientStoreError(said, uri)
+        own = said if name == "AccessDeniedError" else f"{uri}: {name}: {said}"
+        return AccessDeniedError(own, uri)
+    if isinstance(exc, engine.PermissionDeniedError | engine.UnauthenticatedError) or code in (
+        "401",
+        "403",
+    ):
+        why = f" {said}" if (said := _said(text)) else ""
+        return AccessDeniedError(
+            f"{uri}: access denied ({code or 'forbidden'}{why}); {store.access_hint()}"
+            f"{store.missing_hint}",
+            uri,
+        )
+    if isinstance(exc, engine.PreconditionError):  # If-Match: another version is there
+        return store.changed(key)
+    if not isinstance(exc, engine.BaseError):
+        return exc
+    if _OTHER_REGION.search(text):
+        named = _REGION.search(text)
+        return StoreError(f"{uri}: {store.other_region(named and named.group(1))}", uri)
+    if _CORRUPT.search(text):
+        return IntegrityError(f"{uri}: the service rejected the checksum ({detail})", uri)
+    if _CERTIFICATE.search(text):
+        return StoreError(f"{uri}: {_untrusted(store, where, _tls_reason(text))}", uri)
+    if _NOT_TLS.search(text):
+        return StoreError(f"{uri}: {speaks_no_tls(where, 'invalid content type')}", uri)
+    if store.plain_http and (asked := _TLS_ONLY.search(text)):
+        return StoreError(f"{uri}: {speaks_tls(where, asked.group(0))}", uri)
+    said = (_CAUSE.findall(text) or [detail])[-1] if not code else f"{code} without a reason"
+    if (code == "400" or (not code and _CUT.search(text))) and store.takes_tls_only():
+        return StoreError(
+            f"{uri}: {speaks_tls(where, f'{said}; a TLS handshake with it succeeds')}", uri
+        )
+    if code.startswith("5") or code == "429" or _RETRYABLE.search(text):
+        return TransientStoreError(f"{uri}: {code or 'retryable'}: {detail}", uri)
+    if not code:  # no answer at all: connection refused, reset, timed out, no such host
+        return TransientStoreError(f"{uri}: cannot reach {store.route(where)} ({said})", uri)
+    if said_so := _said(text):  # the service's words rather than its XML
+        return StoreError(f"{uri}: the service refused the request ({code} {said_so})", uri)
+    return StoreError(f"{uri}: {detail}", uri)
 
 
-def _answers_tls(endpoint: str) -> bool:
+def _untrusted(store: ErrorContext, where: str, reason: str) -> str:
+    """Why the certificate of ``where`` was refused (rustls' ``reason``), and what to do."""
+    kind: Refusal = (
+        "expired"
+        if reason.startswith(("Expired", "NotValidYet"))
+        else "other-host"
+        if reason.startswith("NotValidForName")
+        else "untrusted"
+    )
+    return untrusted_certificate(where, kind, reason, store.ca_variable)
+
+
+def answers_tls(endpoint: str) -> bool:
     """Whether the server of ``endpoint`` completes a TLS handshake (its certificate unchecked:
     nothing is sent over the connection), or answers it with a TLS alert."""
     import socket
