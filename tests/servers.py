@@ -23,6 +23,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -367,39 +368,57 @@ def iam_config(
     }
 
 
+@contextlib.contextmanager
+def one_answer(status: int, content_type: str, body: bytes) -> Iterator[str]:
+    """A server on 127.0.0.1 that answers every GET and POST with ``status`` and ``body``, in
+    place of a service that cannot run here; its address, while the block runs."""
+
+    class Answer(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+
+
 #: The audience of the tokens STS takes (AWS's own, as EKS's tokens name it).
 STS_AUDIENCE = "sts.amazonaws.com"
 
 
 class OidcIssuer:
     """An OIDC issuer of the tests' own, as the platform or a cluster is one: it signs tokens
-    (RS256) and serves its keys (``/jwks``) on 127.0.0.1, on a thread of the test's process."""
+    (RS256) and serves its keys (at any path, ``/jwks`` among them) on 127.0.0.1, on a thread of
+    the test's process."""
 
     def __init__(self) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
         from cryptography.hazmat.primitives.asymmetric import rsa
 
         self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         public = self.key.public_key().public_numbers()
         keys = {"kty": "RSA", "kid": "k1", "use": "sig", "alg": "RS256"}
         keys.update(n=_b64(_bytes(public.n)), e=_b64(_bytes(public.e)))
-        body = json.dumps({"keys": [keys]}).encode()
+        self.keys = json.dumps({"keys": [keys]}).encode()
+        self.url = ""
 
-        class Keys(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Keys)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[OidcIssuer]:
+        """The issuer at its address (:attr:`url`), its keys served there, while the block runs."""
+        with one_answer(200, "application/json", self.keys) as self.url:
+            yield self
 
     def token(self, subject: str, audience: str = STS_AUDIENCE) -> str:
         """A signed token of ``subject`` for ``audience``, valid for ten minutes."""
@@ -412,10 +431,6 @@ class OidcIssuer:
         signed = ".".join(_b64(json.dumps(part).encode()) for part in (header, claims))
         signature = self.key.sign(signed.encode(), padding.PKCS1v15(), hashes.SHA256())
         return f"{signed}.{_b64(signature)}"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def _b64(data: bytes) -> str:

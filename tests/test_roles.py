@@ -30,9 +30,8 @@ PLATFORM = {"AWS_ACCESS_KEY_ID": "platform-key", "AWS_SECRET_ACCESS_KEY": "platf
 
 @pytest.fixture(scope="module")
 def issuer() -> Iterator[servers.OidcIssuer]:
-    issuer = servers.OidcIssuer()
-    yield issuer
-    issuer.stop()
+    with servers.OidcIssuer().serving() as issuer:
+        yield issuer
 
 
 @pytest.fixture(scope="module")

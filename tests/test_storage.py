@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import hashlib
 import importlib.util
 import json
@@ -22,7 +21,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -1565,7 +1564,7 @@ def test_gcs_credentials_google_refuses_are_no_outage(tmp_path: Path) -> None:
     server cannot run here: a one-answer HTTP server stands in for it (the key's ``token_uri``),
     answering as Google does; the key itself is a real RSA key, signed with by google-auth."""
     refusal = b'{"error": "invalid_grant", "error_description": "Invalid JWT Signature."}'
-    with _one_answer(400, "application/json", refusal) as address:
+    with servers.one_answer(400, "application/json", refusal) as address:
         key = _service_account(f"{address}/token")
         started = time.monotonic()
         store = open_store("gs://bucket/p", Environ({}), json.dumps(key), "gcs_key")
@@ -1612,7 +1611,7 @@ def test_an_archived_object_or_another_refusal_is_said_in_the_service_s_words(se
     credentials", Azure's 409 its XML); another refusal in the service's words, not its XML.
     No archive runs here (neither SeaweedFS nor Azurite archives): a one-answer server stands in
     for the service, answering as it does."""
-    with _one_answer(*ARCHIVED[service]) as endpoint:
+    with servers.one_answer(*ARCHIVED[service]) as endpoint:
         if service.startswith("s3"):
             keys = json.dumps(
                 {"aws_access_key_id": "k", "aws_secret_access_key": "s", "aws_region": "us-east-1"}
@@ -1642,34 +1641,6 @@ def test_google_s_token_service_out_of_reach_is_named() -> None:
         store.list()
     said = "cannot reach Google's token service (Connection refused)"
     assert said in str(caught.value), caught.value
-
-
-@contextlib.contextmanager
-def _one_answer(status: int, content_type: str, body: bytes) -> Iterator[str]:
-    """A server on 127.0.0.1 that answers every GET and POST with ``status`` and ``body``, in
-    place of a service that cannot run here; its address, while the block runs."""
-    import http.server
-
-    class Answer(http.server.BaseHTTPRequestHandler):
-        def _answer(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        do_GET = do_POST = _answer
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
 
 
 def _service_account(token_uri: str) -> dict[str, str]:
