@@ -7,6 +7,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,3 +113,20 @@ def https_server(server_root: Path) -> Iterator[servers.StaticHTTPS]:
     server = servers.static_https(server_root)
     yield server
     server.stop()
+
+
+#: A host name no resolver knows: RFC 6761 keeps ``.invalid`` out of the DNS.
+NO_SUCH_HOST = "no-such-host.invalid"
+
+
+@pytest.fixture
+def unknown_name() -> str:
+    """:data:`NO_SUCH_HOST`, where this machine's resolver says it does not exist (one out of
+    reach says it cannot tell for the moment: an outage, which these tests are not about)."""
+    try:
+        socket.getaddrinfo(NO_SUCH_HOST, 443)
+    except socket.gaierror as exc:
+        if exc.errno == socket.EAI_NONAME:
+            return NO_SUCH_HOST
+        pytest.skip(f"the resolver here cannot tell whether {NO_SUCH_HOST} exists: {exc}")
+    pytest.skip(f"the resolver here gives {NO_SUCH_HOST} an address (it answers every name)")

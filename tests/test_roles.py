@@ -5,6 +5,7 @@ takes, on the same port (as ``AWS_ENDPOINT_URL`` sends both S3's and STS's reque
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,6 +123,26 @@ def test_a_role_that_may_not_be_assumed_fails_the_deploy_naming_it(
     assert "AccessDenied" in result.err and "trust policy allows sts:AssumeRole" in result.err
     assert PLATFORM["AWS_SECRET_ACCESS_KEY"] not in result.err
     assert not ran.exists() and not (agent.node_root / "app/model").exists()
+
+
+def test_a_role_whose_sts_host_does_not_exist_fails_the_deploy_at_once(
+    agent: Agent, sts_s3: servers.SeaweedFS, unknown_name: str
+) -> None:
+    """STS asked at a host that does not exist (the field's region mistyped, or an endpoint):
+    staging fails at once naming the host and the role, rather than after the outage's wait
+    (``BT_STORE_OUTAGE_SECONDS``), as a role STS refuses does."""
+    source = _seed(sts_s3, {"config.json": b"{}"})
+    env = {
+        **_env(sts_s3),
+        "AWS_ENDPOINT_URL_STS": f"http://{unknown_name}:8333",
+        "BT_STORE_OUTAGE_SECONDS": "300",
+    }
+    started = time.monotonic()
+    result = agent.run_job(_job(source, _assume(ROLE), "true"), env=env)
+    assert result.code == 3, result.text
+    assert time.monotonic() - started < 60, "not waited out as an outage"
+    said = f"cannot assume the role {ROLE} (AWS_ASSUME_ROLE): the host {unknown_name} does not"
+    assert said in result.err, result.err
 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])

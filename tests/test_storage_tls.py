@@ -1016,3 +1016,75 @@ def test_a_region_set_that_is_not_the_buckets_is_a_clear_error_at_once(malformed
     finally:
         aws.shutdown()
         aws.server_close()
+
+
+@pytest.mark.parametrize("service", ["s3", "s3-proxy", "azure", "gs", "hf", "hf-proxy", "https"])
+def test_a_host_that_does_not_exist_is_a_clear_error_at_once(
+    monkeypatch: pytest.MonkeyPatch, unknown_name: str, service: str
+) -> None:
+    """A host name the resolver says does not exist (an endpoint mistyped, or the region or
+    account in a service's host name, or a proxy's) is an error at once that names it, for
+    every client: no wait mends it (it was waited out as an outage, five minutes by default)."""
+    mistyped = f"http://{unknown_name}:9000"
+    of_proxy = service.endswith("-proxy")
+    if of_proxy:  # the proxy's name is what the client looks up, not the endpoint's
+        monkeypatch.setenv("HTTPS_PROXY", mistyped)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+    if service.startswith("s3"):
+        endpoint = "https://127.0.0.1:9" if of_proxy else mistyped
+        environ = Environ({"AWS_ENDPOINT_URL": endpoint, "HTTPS_PROXY": mistyped})
+        store = open_store("s3://bucket/x", environ, SECRET, "c")
+    elif service == "azure":
+        secret = (
+            f"DefaultEndpointsProtocol=http;AccountName={servers.AZURITE_ACCOUNT};"
+            f"AccountKey={servers.AZURITE_KEY};"
+            f"BlobEndpoint={mistyped}/{servers.AZURITE_ACCOUNT};"
+        )
+        store = open_store(f"azure://{servers.AZURITE_ACCOUNT}/c/x", Environ({}), secret, "c")
+    elif service == "gs":
+        store = open_store("gs://bucket/x", Environ({"STORAGE_EMULATOR_HOST": mistyped}))
+    elif service.startswith("hf"):
+        endpoint = "https://hub.example" if of_proxy else mistyped
+        store = open_store("hf://org/model", Environ({"HF_ENDPOINT": endpoint}))
+    else:
+        store = open_store(f"{mistyped}/m/model.bin")
+    with store:
+        message = str(_refused(store, store.list))
+    if of_proxy:
+        said = f"the host {unknown_name} of the proxy does not exist ("
+        assert said in message and message.endswith("check the proxy's URL"), message
+    else:
+        assert f"the host {unknown_name} does not exist (" in message, message
+        assert "check its name (the endpoint's, or the region or account" in message, message
+
+
+def test_a_resolver_that_fails_for_the_moment_is_an_outage(s3_server: servers.SeaweedFS) -> None:
+    """The other answer of a resolver, that it cannot tell for the moment (``EAI_AGAIN``: its
+    server out of reach, or failing), is an outage, waited out. Not one this machine's resolver
+    can be made to give: the engine's report of it and the standard library's error stand in."""
+    from obstore.exceptions import GenericError
+
+    from bt_agent.storage.engine_errors import typed_error
+    from bt_agent.storage.tls import unknown_host
+
+    report = (
+        f"Generic S3 error: Error performing GET {s3_server.endpoint}/b/k in 2.6s, after 10 "
+        'retries - HTTP error: error sending request\n ConnectError("dns error", Custom { kind: '
+        'Uncategorized, error: "failed to lookup address information: Temporary failure in '
+        'name resolution" })'
+    )
+    environ = Environ({"AWS_ENDPOINT_URL": s3_server.endpoint})
+    with open_store("s3://b/p", environ, SECRET, "c") as store:
+        assert isinstance(store, S3Store)
+        said = typed_error(store, GenericError(report), "k")
+        assert isinstance(said, TransientStoreError), said
+        nxdomain = report.replace("Temporary failure in", "Name or service not known; no")
+        assert not isinstance(typed_error(store, GenericError(nxdomain), "k"), TransientStoreError)
+    again = socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+    assert unknown_host(ConnectionError("cannot connect"), "https://hub.example") is None
+    failing = ConnectionError("cannot connect")
+    failing.__cause__ = again
+    assert unknown_host(failing, "https://hub.example") is None
+    failing.__cause__ = socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+    assert unknown_host(failing, "https://hub.example") is not None

@@ -186,6 +186,19 @@ def speaks_no_tls(where: str, reason: str) -> str:
     return f"{where} does not speak TLS (its answer is no TLS record: {reason}){plain}"
 
 
+def no_such_host(host: str, said: str, proxy: bool = False) -> str:
+    """What to do where the resolver answered that ``host`` does not exist (``said``, its
+    words): a name mistyped (an endpoint's, a proxy's, or a region or account in a service's
+    host name) is said at once, since no wait mends it. A resolver out of reach, or one that
+    fails for the moment, is an outage, not this."""
+    if proxy:
+        return f"the host {host} of the proxy does not exist ({said}); check the proxy's URL"
+    return (
+        f"the host {host} does not exist ({said}); check its name (the endpoint's, or the "
+        "region or account it is made of)"
+    )
+
+
 def speaks_tls(where: str, reason: str) -> str:
     """What to do where ``where``, written with ``http://``, answered that it takes TLS only
     (``reason``, its words: a Go server's, nginx's)."""

@@ -405,6 +405,19 @@ class EngineStore(ObjectStore):
         port = f":{parts.port}" if parts.port else ""
         return f"{where} through the proxy {parts.scheme}://{parts.hostname}{port}"
 
+    def looked_up(self, asked: str) -> tuple[str, bool]:
+        """The host name the engine looked up for a request to the URL ``asked``, and whether
+        it is the proxy's (which carries the requests, and looks the endpoint up itself); where
+        a ``NO_PROXY`` list may have sent the request direct, either."""
+        host = urlsplit(asked).hostname or asked
+        proxy = self.proxy()
+        if not proxy:
+            return host, False
+        proxy_host = urlsplit(proxy).hostname or proxy
+        if self.proxies and self.proxies.excludes:
+            return f"{host} (or the proxy's, {proxy_host})", False
+        return proxy_host, True
+
     def takes_tls_only(self) -> bool:
         """Whether the endpoint, written ``http://``, is a server of TLS only: asked once, by
         a handshake of its own, where a request went wrong without a word of why (not where

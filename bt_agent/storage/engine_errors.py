@@ -4,8 +4,9 @@ The engine reports a failure as text: the service's status, code and words, the 
 cause, rustls' reason for a certificate it refused, a credential provider's own error. It is read
 here, once for every store on the engine: what no retry mends (a container that is not there,
 credentials refused, a certificate not trusted, an object archived, a name the engine cannot
-read) is said at once with what to do; what may pass (a 5xx, throttling, no answer at all) is a
-:class:`TransientStoreError`, which the callers above wait out.
+read, a host name that does not exist) is said at once with what to do; what may pass (a 5xx,
+throttling, no answer at all) is a :class:`TransientStoreError`, which the callers above wait
+out.
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ from bt_agent.errors import (
     TransientStoreError,
 )
 from bt_agent.spec.urls import CONTROL
-from bt_agent.storage.base import Refusal, speaks_no_tls, speaks_tls, untrusted_certificate
+from bt_agent.storage.base import (
+    Refusal,
+    no_such_host,
+    speaks_no_tls,
+    speaks_tls,
+    untrusted_certificate,
+)
 
 _CORRUPT = re.compile(
     r"BadDigest|InvalidDigest|XAmzContentSHA256Mismatch|InvalidChecksum|Md5Mismatch"
@@ -49,8 +56,15 @@ _REGION = re.compile(r"(?:expecting '|<Region>)([\w-]+)")
 #: Why a connection failed, in the words of the system or the resolver, as the engine's report
 #: quotes them (its first line only says "error sending request").
 _CAUSE = re.compile(r'(?:message|error): "([^"]+)"')
-#: Where the engine asked for a token of an identity (its query left out where it is shown).
-_TOKEN_URL = re.compile(r"Error performing (?:GET|POST) (\S+) in ")
+#: The URL of the request the engine reports on (a token's: its query left out where shown).
+_ASKED = re.compile(r"Error performing [A-Z]+ (\S+) in ")
+#: The resolver's answer for a host name that does not exist (glibc's, musl's and macOS'
+#: ``EAI_NONAME``; glibc's ``EAI_NODATA``, a name without an address), as the engine quotes it;
+#: a resolver that fails for the moment (``Temporary failure in name resolution``) is an outage.
+_NO_SUCH_NAME = re.compile(
+    r"failed to lookup address information: (Name or service not known|No address associated "
+    r"with hostname|Name does not resolve|nodename nor servname provided, or not known)"
+)
 #: A credential provider of ours that failed (botocore's chain: no credentials, an SSO session
 #: expired, a credential_process that failed; a role STS would not give, or could not be
 #: reached for), as the engine reports it.
@@ -85,6 +99,7 @@ class ErrorContext(Protocol):
     def other_region(self, region: str | None) -> str: ...
     def changed(self, key: str, pinned: str = "", now: str = "") -> ChangedError: ...
     def route(self, where: str) -> str: ...
+    def looked_up(self, asked: str) -> tuple[str, bool]: ...
     def takes_tls_only(self) -> bool: ...
 
 
@@ -126,7 +141,7 @@ def typed_error(store: ErrorContext, exc: Exception, key: str) -> Exception:
             uri,
         )
     if "Error performing token request" in text:  # the identity's, of no use here
-        asked, causes = _TOKEN_URL.search(text), _CAUSE.findall(text)
+        asked, causes = _ASKED.search(text), _CAUSE.findall(text)
         if asked and causes:  # its endpoint out of reach (the metadata service's, most often)
             detail = f"cannot reach {asked.group(1).partition('?')[0]}: {causes[-1]}"
         return AccessDeniedError(
@@ -165,6 +180,10 @@ def typed_error(store: ErrorContext, exc: Exception, key: str) -> Exception:
         return StoreError(f"{uri}: {speaks_no_tls(where, 'invalid content type')}", uri)
     if store.plain_http and (asked := _TLS_ONLY.search(text)):
         return StoreError(f"{uri}: {speaks_tls(where, asked.group(0))}", uri)
+    if not code and (unknown := _NO_SUCH_NAME.search(text)):  # a name mistyped: said at once
+        asked = _ASKED.search(text)
+        host, proxy = store.looked_up(asked.group(1) if asked else where)
+        return StoreError(f"{uri}: {no_such_host(host, unknown.group(1), proxy)}", uri)
     said = (_CAUSE.findall(text) or [detail])[-1] if not code else f"{code} without a reason"
     if (code == "400" or (not code and _CUT.search(text))) and store.takes_tls_only():
         return StoreError(
@@ -172,7 +191,7 @@ def typed_error(store: ErrorContext, exc: Exception, key: str) -> Exception:
         )
     if code.startswith("5") or code == "429" or _RETRYABLE.search(text):
         return TransientStoreError(f"{uri}: {code or 'retryable'}: {detail}", uri)
-    if not code:  # no answer at all: connection refused, reset, timed out, no such host
+    if not code:  # no answer at all: connection refused, reset, timed out, no resolver
         return TransientStoreError(f"{uri}: cannot reach {store.route(where)} ({said})", uri)
     if said_so := _said(text):  # the service's words rather than its XML
         return StoreError(f"{uri}: the service refused the request ({code} {said_so})", uri)

@@ -21,7 +21,7 @@ from bt_agent.errors import (
 )
 from bt_agent.storage.base import Fetched, HashingReader, ObjectInfo, ObjectStore, is_http_url
 from bt_agent.storage.keys import join_key, relative_key
-from bt_agent.storage.tls import connection_cause, tls_error
+from bt_agent.storage.tls import connection_cause, tls_error, unknown_host
 
 MiB = 1024 * 1024
 GCS_ENDPOINT = "https://storage.googleapis.com"
@@ -164,6 +164,8 @@ class GCSStore(ObjectStore):
             ("requests", "urllib3", "google.auth.exceptions")
         ):
             auth = type(exc).__module__.startswith("google.auth")  # a token asked for, not GCS
+            if not auth and (unknown := unknown_host(exc, self.endpoint)):
+                return StoreError(f"{uri}: {unknown}", uri)
             where = "Google's token service" if auth else self.endpoint
             why = connection_cause(exc)
             return TransientStoreError(f"{uri}: cannot reach {where} ({why})", uri)

@@ -20,7 +20,7 @@ from typing import Any
 from bt_agent.errors import AccessDeniedError, NotFoundError, StoreError, TransientStoreError
 from bt_agent.storage.base import Fetched, ObjectInfo, ObjectStore, is_http_url
 from bt_agent.storage.keys import check_key
-from bt_agent.storage.tls import connection_cause, tls_error
+from bt_agent.storage.tls import connection_cause, tls_error, unknown_host
 
 HUB = "https://huggingface.co"  # where requests go without HF_ENDPOINT
 TIMEOUT_SECONDS = 60  # an answer that keeps silent this long is given up (and retried)
@@ -122,6 +122,8 @@ class HFStore(ObjectStore):
             return StoreError(f"{uri}: {exc}", uri)
         if refused := tls_error(exc, uri, self.endpoint or HUB):
             return refused
+        if unknown := unknown_host(exc, self.endpoint or HUB):
+            return StoreError(f"{uri}: {unknown}", uri)
         if (
             isinstance(exc, OSError | ConnectionError | TimeoutError)
             or "httpx" in type(exc).__module__

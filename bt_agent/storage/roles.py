@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from bt_agent.errors import AccessDeniedError, StoreError, TransientStoreError
 from bt_agent.storage.credentials import AwsRole
+from bt_agent.storage.tls import unknown_host
 
 if TYPE_CHECKING:
     from obstore.store import S3Credential
@@ -111,7 +112,9 @@ class RoleCredentials:
             said = f"{error.get('Code', 'refused')}: {error.get('Message', '')}".rstrip(": ")
             refused = f"{self._cannot()} ({said}); {self._hint()}"
             raise AccessDeniedError(refused, self.uri) from None
-        except EndpointConnectionError as exc:  # an outage: the request is made again
+        except EndpointConnectionError as exc:  # an outage (asked again), or a name mistyped
+            if unknown := unknown_host(exc, exc.kwargs.get("endpoint_url", "")):
+                raise AccessDeniedError(f"{self._cannot()}: {unknown}", self.uri) from None
             raise TransientStoreError(f"{self._cannot()} ({exc})", self.uri) from None
         except (BotoCoreError, OSError) as exc:  # no token file, no source credentials, TLS
             raise AccessDeniedError(f"{self._cannot()} ({exc})", self.uri) from None

@@ -1,17 +1,19 @@
 """The errors of connections made by clients on the standard library's ``socket`` and ``ssl``
-(the Hugging Face Hub's, Google Cloud Storage's): a certificate refused, or a server that speaks
-no TLS, told apart from outages (a clear error at once, never a wait); and of an outage, the
-system's own words for it.
+(the Hugging Face Hub's, Google Cloud Storage's, botocore's): a certificate refused, a server
+that speaks no TLS, or a host name that does not exist, told apart from outages (a clear error
+at once, never a wait); and of an outage, the system's own words for it.
 """
 
 from __future__ import annotations
 
+import socket
 import ssl
+import urllib.request
 from collections.abc import Iterator
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlsplit
 
 from bt_agent.errors import StoreError
-from bt_agent.storage.base import Refusal, speaks_no_tls, untrusted_certificate
+from bt_agent.storage.base import Refusal, no_such_host, speaks_no_tls, untrusted_certificate
 
 #: OpenSSL's verification errors (``X509_V_ERR_*``) that another CA would not mend.
 _CERTIFICATE_KINDS: dict[int, Refusal] = {
@@ -42,6 +44,27 @@ def tls_error(
     if any(words in said for words in _NOT_TLS):
         return StoreError(f"{uri}: {speaks_no_tls(where, said)}", uri)
     return None
+
+
+#: The resolver's answers for a host name that does not exist (``getaddrinfo``'s; glibc's
+#: ``EAI_NODATA``: a name without an address). ``EAI_AGAIN``, a resolver that fails for the
+#: moment, is an outage.
+_NO_SUCH_NAME = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
+
+
+def unknown_host(exc: BaseException, url: str) -> str | None:
+    """What to do where ``exc``, or what caused it, is the resolver's answer that the host of a
+    request to ``url`` does not exist (the proxy's, where the environment sends it through
+    one); else None."""
+    found = next((e for e in _causes(exc) if isinstance(e, socket.gaierror)), None)
+    if found is None or found.errno not in _NO_SUCH_NAME:
+        return None
+    host, said = urlsplit(url).hostname or url, found.strerror or str(found)
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(urlsplit(url).scheme) or proxies.get("all")
+    if proxy and not urllib.request.proxy_bypass(host):
+        return no_such_host(urlsplit(proxy).hostname or proxy, said, proxy=True)
+    return no_such_host(host, said)
 
 
 def connection_cause(exc: BaseException) -> str:
