@@ -1018,22 +1018,33 @@ def test_a_region_set_that_is_not_the_buckets_is_a_clear_error_at_once(malformed
         aws.server_close()
 
 
-@pytest.mark.parametrize("service", ["s3", "s3-proxy", "azure", "gs", "hf", "hf-proxy", "https"])
+SERVICES = ["s3", "s3-proxy", "s3-proxy-listed", "s3-direct", "azure", "gs", "hf", "hf-proxy"]
+
+
+@pytest.mark.parametrize("service", [*SERVICES, "https"])
 def test_a_host_that_does_not_exist_is_a_clear_error_at_once(
     monkeypatch: pytest.MonkeyPatch, unknown_name: str, service: str
 ) -> None:
     """A host name the resolver says does not exist (an endpoint mistyped, or the region or
     account in a service's host name, or a proxy's) is an error at once that names it, for
-    every client: no wait mends it (it was waited out as an outage, five minutes by default)."""
+    every client: no wait mends it (it was waited out as an outage, five minutes by default).
+    Behind a proxy the name looked up is the proxy's; where a ``NO_PROXY`` list is set, the
+    one that does not exist is named (``-listed``: the endpoint not in the list, ``-direct``:
+    in it, the proxy not used)."""
     mistyped = f"http://{unknown_name}:9000"
-    of_proxy = service.endswith("-proxy")
+    of_proxy = "-proxy" in service
     if of_proxy:  # the proxy's name is what the client looks up, not the endpoint's
         monkeypatch.setenv("HTTPS_PROXY", mistyped)
         monkeypatch.delenv("NO_PROXY", raising=False)
         monkeypatch.delenv("no_proxy", raising=False)
     if service.startswith("s3"):
         endpoint = "https://127.0.0.1:9" if of_proxy else mistyped
-        environ = Environ({"AWS_ENDPOINT_URL": endpoint, "HTTPS_PROXY": mistyped})
+        proxies = {
+            "s3-proxy": {"HTTPS_PROXY": mistyped},
+            "s3-proxy-listed": {"HTTPS_PROXY": mistyped, "NO_PROXY": ".internal"},
+            "s3-direct": {"HTTP_PROXY": "http://127.0.0.1:9", "NO_PROXY": ".invalid"},
+        }
+        environ = Environ({"AWS_ENDPOINT_URL": endpoint, **proxies.get(service, {})})
         store = open_store("s3://bucket/x", environ, SECRET, "c")
     elif service == "azure":
         secret = (

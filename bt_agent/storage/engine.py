@@ -406,17 +406,16 @@ class EngineStore(ObjectStore):
         return f"{where} through the proxy {parts.scheme}://{parts.hostname}{port}"
 
     def looked_up(self, asked: str) -> tuple[str, bool]:
-        """The host name the engine looked up for a request to the URL ``asked``, and whether
-        it is the proxy's (which carries the requests, and looks the endpoint up itself); where
-        a ``NO_PROXY`` list may have sent the request direct, either."""
+        """The host name that did not resolve for a request to the URL ``asked``, and whether
+        it is the proxy's (which carries the requests and looks the endpoint up itself; where
+        a ``NO_PROXY`` list may have sent the request direct, the resolver is asked which)."""
+        from bt_agent.storage.tls import has_no_name  # the standard library's ssl: on failure only
+
         host = urlsplit(asked).hostname or asked
         proxy = self.proxy()
-        if not proxy:
+        if not proxy or (self.proxies and self.proxies.excludes and has_no_name(host)):
             return host, False
-        proxy_host = urlsplit(proxy).hostname or proxy
-        if self.proxies and self.proxies.excludes:
-            return f"{host} (or the proxy's, {proxy_host})", False
-        return proxy_host, True
+        return urlsplit(proxy).hostname or proxy, True
 
     def takes_tls_only(self) -> bool:
         """Whether the endpoint, written ``http://``, is a server of TLS only: asked once, by

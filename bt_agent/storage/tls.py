@@ -67,6 +67,15 @@ def unknown_host(exc: BaseException, url: str) -> str | None:
     return no_such_host(host, said)
 
 
+def has_no_name(host: str) -> bool:
+    """Whether the resolver says that ``host`` does not exist (asked once more)."""
+    try:
+        socket.getaddrinfo(host, None)
+    except socket.gaierror as exc:
+        return exc.errno in _NO_SUCH_NAME
+    return False
+
+
 def connection_cause(exc: BaseException) -> str:
     """Why a connection failed, in the system's words where ``exc`` or what caused it holds
     them (``Connection refused``, ``Name or service not known``), else ``exc``'s type."""
