@@ -195,7 +195,7 @@ def no_such_host(host: str, said: str, proxy: bool = False) -> str:
         return f"the host {host} of the proxy does not exist ({said}); check the proxy's URL"
     return (
         f"the host {host} does not exist ({said}); check its name (the endpoint's, or the "
-        "region or account it is made of)"
+        "region or account it is made of) and the DNS this machine uses"
     )
 
 
