@@ -1626,8 +1626,11 @@ def test_an_archived_object_or_another_refusal_is_said_in_the_service_s_words(se
     message = str(caught.value)
     assert not isinstance(caught.value, AccessDeniedError | TransientStoreError), message
     assert SAID[service] in message and "<" not in message, message
-    archived = "restore it to a storage class that is read at once" in message
-    assert archived == (service != "s3-other"), message
+    hints = {"s3": "; restore it (aws s3api restore-object) or copy it to a class read at once"}
+    hints["azure"] = "; rehydrate it to the hot or cool tier (az storage blob set-tier) or copy it"
+    assert [said for said in hints.values() if said in message] == (
+        [hints[service]] if service in hints else []
+    ), message
 
 
 def test_google_s_token_service_out_of_reach_is_named() -> None:

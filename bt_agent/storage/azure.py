@@ -36,6 +36,7 @@ class AzureStore(EngineStore):
     copy_refused = "Azure's copies may end after they answer"
     ca_variable = "SSL_CERT_FILE"
     container_noun = "container"
+    archived_hint = "rehydrate it to the hot or cool tier (az storage blob set-tier) or copy it"
     credentials_hint = (
         "name a secret holding the account key, a SAS token or a connection string, or set "
         "AZURE_STORAGE_CONNECTION_STRING (or AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_TOKEN)"

@@ -160,6 +160,8 @@ class EngineStore(ObjectStore):
     #: Where else a container the endpoint does not hold may be (``; ...``), said where the
     #: service says it has no such container, or refuses a request (as R2 does some).
     missing_hint = ""
+    #: How an object in an archive is read (S3's Glacier classes), said where a read finds one.
+    archived_hint = "restore it (aws s3api restore-object) or copy it to a class read at once"
 
     def __init__(
         self,

@@ -87,6 +87,7 @@ class ErrorContext(Protocol):
     endpoint_url: str | None
     container_noun: str
     missing_hint: str
+    archived_hint: str
     token_identity: str
     credentials_hint: str
     ca_variable: str
@@ -135,10 +136,7 @@ def typed_error(store: ErrorContext, exc: Exception, key: str) -> Exception:
         )
     if _ARCHIVED.search(text):  # neither a retry nor other credentials read it
         return StoreError(
-            f"{uri}: the object is archived ({_said(text)}); restore it to a storage class "
-            "that is read at once (S3: restore-object; Azure: rehydrate it to the hot or "
-            "cool tier), or copy it to one",
-            uri,
+            f"{uri}: the object is archived ({_said(text)}); {store.archived_hint}", uri
         )
     if "Error performing token request" in text:  # the identity's, of no use here
         asked, causes = _ASKED.search(text), _CAUSE.findall(text)
