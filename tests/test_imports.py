@@ -57,6 +57,16 @@ def test_a_job_on_a_file_store_imports_only_what_it_uses(tmp_path: Path) -> None
         assert name not in loaded, f"{name} is imported by a run that never uses it"
 
 
+def test_the_engine_s_stores_import_no_client_of_the_standard_library() -> None:
+    """The engine speaks HTTP and TLS in its own core: the stores on it, and staging, import
+    neither the standard library's ``ssl`` nor its HTTP client (tens of milliseconds of every
+    start); what reads their errors imports them after a failure only."""
+    stores = "bt_agent.storage.s3, bt_agent.storage.azure, bt_agent.storage.web"
+    loaded = _modules_after(f"import {stores}, bt_agent.storage.registry, bt_agent.staging.weights")
+    for name in ("ssl", "http.client", "urllib.request"):
+        assert name not in loaded, f"{name} is imported with the engine's stores"
+
+
 def test_commands_run_with_the_collector_on() -> None:
     probe = (
         "import gc\n"

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from bt_agent.errors import AccessDeniedError, StoreError, TransientStoreError
 from bt_agent.storage.credentials import AwsRole
-from bt_agent.storage.tls import unknown_host
 
 if TYPE_CHECKING:
     from obstore.store import S3Credential
@@ -113,6 +112,8 @@ class RoleCredentials:
             refused = f"{self._cannot()} ({said}); {self._hint()}"
             raise AccessDeniedError(refused, self.uri) from None
         except EndpointConnectionError as exc:  # an outage (asked again), or a name mistyped
+            from bt_agent.storage.tls import unknown_host  # ssl's import: on failure only
+
             if unknown := unknown_host(exc, exc.kwargs.get("endpoint_url", "")):
                 raise AccessDeniedError(f"{self._cannot()}: {unknown}", self.uri) from None
             raise TransientStoreError(f"{self._cannot()} ({exc})", self.uri) from None
