@@ -395,6 +395,35 @@ def one_answer(status: int, content_type: str, body: bytes) -> Iterator[str]:
         server.shutdown()
 
 
+@contextlib.contextmanager
+def asking_a_client_certificate(tls: Certificates, version: ssl.TLSVersion) -> Iterator[str]:
+    """A server of TLS on 127.0.0.1 (its certificate ``tls``'s) that asks every client for a
+    certificate of its own and ends the handshake without one, with the alert ``version`` sends
+    then (TLS 1.3: ``certificate_required``; 1.2: ``handshake_failure``): a store of mutual TLS,
+    whose requests the agent cannot make. Its address, while the block runs."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tls.cert, tls.key)
+    context.load_verify_locations(tls.ca)
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.maximum_version = version
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:  # closed: the block has ended
+                return
+            with contextlib.suppress(OSError), connection:
+                context.wrap_socket(connection, server_side=True).close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"https://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+
+
 #: The audience of the tokens STS takes (AWS's own, as EKS's tokens name it).
 STS_AUDIENCE = "sts.amazonaws.com"
 

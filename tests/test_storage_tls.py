@@ -6,6 +6,7 @@ and never a fall back to plain HTTP; nothing is written."""
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 import sys
 import threading
@@ -1102,3 +1103,40 @@ def test_a_resolver_that_fails_for_the_moment_is_an_outage(answer: int) -> None:
         typed = typed_error(store, report, "k")
     assert isinstance(typed, StoreError) and isinstance(typed, TransientStoreError) == outage
     assert (unknown_host(failing, "https://hub.example") is None) == outage
+
+
+@pytest.mark.parametrize(
+    "version", [ssl.TLSVersion.TLSv1_3, ssl.TLSVersion.TLSv1_2], ids=["TLSv1.3", "TLSv1.2"]
+)
+@pytest.mark.parametrize("service", ["s3", "https", "hf", "gs"])
+def test_a_server_that_asks_for_a_client_certificate_says_so_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, service: str, version: ssl.TLSVersion
+) -> None:
+    """A store of mutual TLS (it asks for a certificate of the client's own, which the agent
+    does not send) ends each handshake with an alert: said at once as that, for the engine's
+    stores and the standard library's clients alike. The engine's stores said its certificate
+    was not trusted (the alert's name holds "Certificate") and to set the CA variable; the
+    others waited it out as an outage."""
+    from huggingface_hub.utils import close_session
+
+    tls = servers.certificates(tmp_path / "tls")
+    for variable in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"):
+        monkeypatch.setenv(variable, str(tls.ca))
+    close_session()  # huggingface_hub's client reads SSL_CERT_FILE as it is made
+    try:
+        with servers.asking_a_client_certificate(tls, version) as where:
+            if service == "s3":
+                environ = Environ({"AWS_ENDPOINT_URL": where, "AWS_CA_BUNDLE": str(tls.ca)})
+                store = open_store("s3://bucket/x", environ, SECRET, "c")
+            elif service == "https":
+                store = open_store(f"{where}/m/model.bin")
+            elif service == "hf":
+                store = open_store("hf://org/model", Environ({"HF_ENDPOINT": where}))
+            else:
+                store = open_store("gs://bucket/x", Environ({"STORAGE_EMULATOR_HOST": where}))
+            with store:
+                message = str(_refused(store, store.list))
+    finally:
+        close_session()
+    assert f"{where} refused the TLS handshake (its alert: " in message, message
+    assert "it asks for a client certificate" in message and "not trusted" not in message

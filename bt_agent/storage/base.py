@@ -186,6 +186,29 @@ def speaks_no_tls(where: str, reason: str) -> str:
     return f"{where} does not speak TLS (its answer is no TLS record: {reason}){plain}"
 
 
+#: Why a server ends a TLS handshake with an alert no wait mends, by the alert's name (rustls'
+#: word for it, lower case; OpenSSL's, its underscores left out).
+_ALERTS = {
+    "certificaterequired": "it asks for a client certificate, which the agent does not send",
+    "badcertificate": "it asks for a client certificate, which the agent does not send",
+    "handshakefailure": (
+        "it asks for a client certificate (which the agent does not send), or shares no cipher "
+        "with the agent"
+    ),
+    "protocolversion": "it speaks no TLS version the agent does (TLS 1.2 and 1.3)",
+    "insufficientsecurity": "it takes no cipher the agent offers",
+}
+
+
+def handshake_refused(where: str, alert: str) -> str | None:
+    """What to say where the server of ``where`` ended the TLS handshake with ``alert`` (its
+    name, rustls' ``CertificateRequired`` or OpenSSL's ``CERTIFICATE_REQUIRED``), where no wait
+    mends it: it asks for a client certificate, or shares no TLS version or cipher with the
+    agent (any other alert: None)."""
+    why = _ALERTS.get(alert.replace("_", "").lower())
+    return f"{where} refused the TLS handshake (its alert: {alert}); {why}" if why else None
+
+
 def no_such_host(host: str, said: str, proxy: bool = False) -> str:
     """What to do where the resolver answered that ``host`` does not exist (``said``, its
     words): a name mistyped (an endpoint's, a proxy's, or a region or account in a service's

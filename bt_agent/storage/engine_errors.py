@@ -3,10 +3,10 @@
 The engine reports a failure as text: the service's status, code and words, the connection's
 cause, rustls' reason for a certificate it refused, a credential provider's own error. It is read
 here, once for every store on the engine: what no retry mends (a container that is not there,
-credentials refused, a certificate not trusted, an object archived, a name the engine cannot
-read, a host name that does not exist) is said at once with what to do; what may pass (a 5xx,
-throttling, no answer at all) is a :class:`TransientStoreError`, which the callers above wait
-out.
+credentials refused, a certificate not trusted, a handshake refused, an object archived, a name
+the engine cannot read, a host name that does not exist) is said at once with what to do; what
+may pass (a 5xx, throttling, no answer at all) is a :class:`TransientStoreError`, which the
+callers above wait out.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from bt_agent.errors import (
 from bt_agent.spec.urls import CONTROL
 from bt_agent.storage.base import (
     Refusal,
+    handshake_refused,
     no_such_host,
     speaks_no_tls,
     speaks_tls,
@@ -36,6 +37,8 @@ _CORRUPT = re.compile(
     r"BadDigest|InvalidDigest|XAmzContentSHA256Mismatch|InvalidChecksum|Md5Mismatch"
 )
 _CERTIFICATE = re.compile(r"certificate|UnknownIssuer|CertNotValid|NotValidForName", re.I)
+#: A TLS alert the server ended the handshake with, as rustls names it.
+_ALERT = re.compile(r"AlertReceived\(\s*(\w+)")
 #: rustls' word for a first answer that is no TLS record (a server of plain HTTP, most often).
 _NOT_TLS = re.compile(r"InvalidMessage\(\s*InvalidContentType")
 #: A server of TLS answering a request of plain HTTP (Go's net/http; nginx).
@@ -172,6 +175,8 @@ def typed_error(store: ErrorContext, exc: Exception, key: str) -> Exception:
         return StoreError(f"{uri}: {store.other_region(named and named.group(1))}", uri)
     if _CORRUPT.search(text):
         return IntegrityError(f"{uri}: the service rejected the checksum ({detail})", uri)
+    if (alert := _ALERT.search(text)) and (refused := handshake_refused(where, alert.group(1))):
+        return StoreError(f"{uri}: {refused}", uri)  # before the certificate's: its names say so
     if _CERTIFICATE.search(text):
         return StoreError(f"{uri}: {_untrusted(store, where, _tls_reason(text))}", uri)
     if _NOT_TLS.search(text):

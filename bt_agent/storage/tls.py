@@ -13,7 +13,13 @@ from collections.abc import Iterator
 from urllib.parse import urlparse, urlsplit
 
 from bt_agent.errors import StoreError
-from bt_agent.storage.base import Refusal, no_such_host, speaks_no_tls, untrusted_certificate
+from bt_agent.storage.base import (
+    Refusal,
+    handshake_refused,
+    no_such_host,
+    speaks_no_tls,
+    untrusted_certificate,
+)
 
 #: OpenSSL's verification errors (``X509_V_ERR_*``) that another CA would not mend.
 _CERTIFICATE_KINDS: dict[int, Refusal] = {
@@ -31,7 +37,8 @@ def tls_error(
 ) -> StoreError | None:
     """The error for a TLS connection to ``url`` (by default ``uri``) that no wait would mend,
     where ``exc`` or what caused it says so: a certificate refused (what to do: ``variable``
-    trusts another CA in the client that refused it), or a server that speaks no TLS there."""
+    trusts another CA in the client that refused it), a server that speaks no TLS there, or
+    one that ends the handshake with an alert no wait mends (a client certificate asked for)."""
     found = _ssl_cause(exc)
     if found is None:
         return None
@@ -43,6 +50,9 @@ def tls_error(
     said = str(found.reason or found).lower().replace("_", " ")
     if any(words in said for words in _NOT_TLS):
         return StoreError(f"{uri}: {speaks_no_tls(where, said)}", uri)
+    alert = str(found.reason or "").partition("_ALERT_")[2]  # TLSV13_ALERT_CERTIFICATE_REQUIRED
+    if alert and (refused := handshake_refused(where, alert)):
+        return StoreError(f"{uri}: {refused}", uri)
     return None
 
 
@@ -92,13 +102,16 @@ def _ssl_cause(exc: BaseException) -> ssl.SSLError | None:
 
 def _causes(exc: BaseException) -> Iterator[BaseException]:
     """``exc`` and what caused it, in turn: the ``reason`` of urllib's ``URLError`` and
-    urllib3's ``MaxRetryError``, else the exception it was raised from or while handling."""
+    urllib3's ``MaxRetryError``, else an exception it holds (urllib3's ``SSLError`` holds the
+    standard library's), else the exception it was raised from or while handling."""
     found: BaseException | None = exc
     seen: set[int] = set()  # a chain of causes that turns back on itself ends there
     while found is not None and id(found) not in seen:
         yield found
         seen.add(id(found))
         reason = getattr(found, "reason", None)
-        found = (
-            reason if isinstance(reason, BaseException) else found.__cause__ or found.__context__
-        )
+        held = next((given for given in found.args if isinstance(given, BaseException)), None)
+        if isinstance(reason, BaseException):
+            found = reason
+        else:
+            found = held or found.__cause__ or found.__context__
