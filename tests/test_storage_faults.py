@@ -754,7 +754,9 @@ def test_an_upload_stream_keeps_as_many_puts_waiting_as_go_faster(
     PUTs waiting on a store far away at once up to 128, each file stored once."""
     direct = _store(s3_server, RetryPolicy(attempts=1))
     files = []
-    for index in range(512):
+    # as for the GETs above: the last level is given several rounds of its PUTs (after 96 at 32
+    # and 192 at 64), so that one of them finds them all waiting at once on a loaded machine
+    for index in range(6 * 128):
         path = tmp_path / f"{index:03d}.bin"
         path.write_bytes(bytes([index % 256]) * 1024)
         files.append(Upload(path, f"small/{index:03d}"))
