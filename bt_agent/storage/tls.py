@@ -10,7 +10,7 @@ import socket
 import ssl
 import urllib.request
 from collections.abc import Iterator
-from urllib.parse import urlparse, urlsplit
+from urllib.parse import urlsplit
 
 from bt_agent.errors import StoreError
 from bt_agent.storage.base import (
@@ -42,7 +42,7 @@ def tls_error(
     found = _ssl_cause(exc)
     if found is None:
         return None
-    where = f"https://{urlparse(url or uri).netloc}"
+    where = f"https://{urlsplit(url or uri).netloc}"
     if isinstance(found, ssl.SSLCertVerificationError):
         kind = _CERTIFICATE_KINDS.get(found.verify_code, "untrusted")
         said = found.verify_message.rstrip(".")
