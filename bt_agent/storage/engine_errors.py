@@ -24,7 +24,7 @@ from bt_agent.errors import (
     TransientStoreError,
 )
 from bt_agent.spec.urls import CONTROL
-from bt_agent.storage.base import (
+from bt_agent.storage.refusals import (
     Refusal,
     handshake_refused,
     no_such_host,

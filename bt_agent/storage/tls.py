@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 from bt_agent.errors import StoreError
-from bt_agent.storage.base import (
+from bt_agent.storage.refusals import (
     Refusal,
     handshake_refused,
     no_such_host,
