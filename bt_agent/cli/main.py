@@ -29,7 +29,8 @@ defines one TrainingProject (needs the truss package), or - for stdin; default $
 
 exit codes of `run`: 0 success; the failing start_command's own code; 128+N killed by or
 stopped with signal N; 2 invalid spec or arguments; 3 staging failed or the store unusable (no
-command ran); 4 checkpoints not durable.
+command ran); 4 checkpoints not durable; 1 the agent itself failed while the commands ran
+(its traceback is in the log).
 
 examples:
   bt-agent validate config.py

@@ -17,12 +17,14 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TextIO
 
 from bt_agent.catalog import Catalog
 from bt_agent.errors import (
+    BtAgentError,
     DurabilityError,
     StagingError,
     StoreError,
@@ -136,7 +138,10 @@ class JobRunner:
             self.catalog.write_node, Path(log_file.name), self._upload_log, self.log
         ) as self._reporter:
             self.relay.forward = self._forward
-            outcome = self._phases(log_file)
+            try:
+                outcome = self._phases(log_file)
+            except Exception as exc:  # an error no rule of the agent's reads: a bug, or a library's
+                outcome = self._failed_inside(exc)
             self._wait_for_writers()
             self._cleanup()
             unsaved = self._checkpoints.drain(self._drain_deadline)
@@ -173,6 +178,34 @@ class JobRunner:
             return self._stopped_outcome()
         self._enter(JobStatus.RUNNING)
         return self._run_commands(log_file)
+
+    def _failed_inside(self, exc: Exception) -> Outcome:
+        """The end of a job where the agent itself failed, with an error it has no rule for (a
+        bug of its own, or a library's error it does not know): said with its traceback in the
+        log, the commands (where they run) given the grace period after a SIGTERM, as a stop
+        gives it; then the job ends as any failure does, its leftover processes ended, its
+        checkpoint files drained, its terminal state recorded. Never a crash that leaves the
+        node record DEPLOYING or RUNNING and the uploads undone."""
+        said = self.log.redact(f"{type(exc).__name__}: {exc}")
+        trace = "".join(traceback.format_exception(exc)).rstrip()
+        self.log.error(
+            f"the agent failed with an error it has no rule for ({said}); the job ends as a "
+            f"failure does. Its traceback, to report:\n{trace}"
+        )
+        if self.node.status is not JobStatus.RUNNING:
+            return Outcome(
+                JobStatus.DEPLOY_FAILED, StagingError.exit_code, f"the agent failed: {said}"
+            )
+        if self._child is not None:
+            self._forward(signal.SIGTERM)
+            deadline = time.monotonic() + self.plan.context.grace_period
+            # a stop signal that comes meanwhile brings its own deadline, which may be sooner
+            while tree.living(tree.descendants()) and time.monotonic() < min(
+                deadline, self._kill_deadline()
+            ):
+                self.reaper.reap()
+                self.relay.wait(0.1)
+        return Outcome(JobStatus.FAILED, BtAgentError.exit_code, f"the agent failed: {said}")
 
     def _enter(self, status: JobStatus) -> None:
         self.node.transition(status)
