@@ -177,6 +177,51 @@ def test_empty_files_are_staged(
     assert result.out.split() == ["0", "{}"]
 
 
+@pytest.mark.parametrize("source", ["hf", "s3"])
+def test_a_disk_that_refuses_the_file_fails_staging_at_once(
+    agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah, source: str
+) -> None:
+    """Writing a weights file that this machine's disk refuses (the agent's file size limit,
+    ``RLIMIT_FSIZE``, below the file's size: the kernel's ``EFBIG``, as a full disk gives
+    ``ENOSPC``) fails staging at once, naming the disk's error: it is no outage of the source
+    to wait out (the Hub's client raised it through its download, and it was said as the Hub
+    out of reach, retried for ``BT_STORE_OUTAGE_SECONDS``)."""
+    import resource
+
+    files = {"weights.bin": os.urandom(3_000_000)}
+    if source == "hf":
+        repo = f"org/big-{uuid.uuid4().hex[:6]}"
+        servers.hf_repo(hf_server.mirrors, repo, files)
+        weights: dict[str, object] = {"source": f"hf://{repo}@main", "mount_location": "/m"}
+    else:
+        weights = {
+            "source": _seed_s3(s3_server, files),
+            "mount_location": "/m",
+            "auth_secret_name": "s3_creds",
+        }
+    spec = agent.spec(_job([weights], "true"))
+    env = agent.full_env({**_env(agent, s3_server, hf_server), "BT_STORE_OUTAGE_SECONDS": "300"})
+
+    def small_files() -> None:  # Python ignores SIGXFSZ: the write fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, 1_000_000))
+
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "bt_agent", "stage", str(spec), *agent.context_args()],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=small_files,
+        check=False,
+    )
+    assert done.returncode == 3, done.stderr
+    assert time.monotonic() - started < 30
+    assert f"File too large: '{agent.node_root}" in done.stderr, done.stderr
+    assert "cannot reach" not in done.stderr and "retrying" not in done.stderr, done.stderr
+    assert not list((agent.node_root / "m").glob("*")), "nothing mounted"
+
+
 def test_missing_source_is_deploy_failed(
     agent: Agent, s3_server: servers.SeaweedFS, hf_server: servers.Olah
 ) -> None:

@@ -10,6 +10,7 @@ safety.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import itertools
@@ -18,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import BinaryIO, TypeGuard, TypeVar
 from urllib.parse import urlsplit
 
 from bt_agent.errors import ChangedError, IntegrityError, NotFoundError, StoreError
@@ -30,6 +31,9 @@ CHUNK = 1024 * 1024
 RESUMABLE = ".resumable.incomplete"
 #: ... and that of its record of what is written (:func:`ranges_record`).
 RANGES_RECORD = ".ranges"
+#: What writing a file on this machine's disk fails with: the disk's errors, never a store's,
+#: and no wait for a store mends them.
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
 _partials = itertools.count()  # names this process's partial files apart (with its pid)
 U = TypeVar("U", bound="Upload")
 S = TypeVar("S", bound="ObjectStore")
@@ -143,6 +147,12 @@ def _slashes(key: str) -> Iterator[int]:
     while 0 <= at < len(key) - 1:
         yield at
         at = key.find("/", at + 1)
+
+
+def is_disk_error(exc: BaseException) -> TypeGuard[OSError]:
+    """Whether ``exc`` is this machine's disk refusing a write (full, over a quota or the file
+    size limit, read-only): none of a store's errors is one."""
+    return isinstance(exc, OSError) and not isinstance(exc, StoreError) and exc.errno in DISK_ERRNOS
 
 
 def is_http_url(url: str) -> bool:
@@ -390,9 +400,11 @@ class ObjectStore(ABC):
                 fetched = attempt(
                     lambda: retry(lambda: self._download(key, partial, expected), self.policy)
                 )
-        except BaseException:
+        except BaseException as exc:
             if not (resumable and ranges_record(partial).exists()):
                 _remove_partial(partial)
+            if is_disk_error(exc) and exc.filename is None:  # which disk refused it
+                exc.filename = str(partial)
             raise
         try:
             self._verify(key, partial, expected, fetched)

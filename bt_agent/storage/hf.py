@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bt_agent.errors import AccessDeniedError, NotFoundError, StoreError, TransientStoreError
-from bt_agent.storage.base import Fetched, ObjectInfo, ObjectStore, is_http_url
+from bt_agent.storage.base import Fetched, ObjectInfo, ObjectStore, is_disk_error, is_http_url
 from bt_agent.storage.keys import check_key
 from bt_agent.storage.tls import connection_cause, tls_error, unknown_host
 
@@ -80,6 +80,8 @@ class HFStore(ObjectStore):
         from huggingface_hub import errors as hx
 
         uri = self.uri(key)
+        if isinstance(exc, StoreError):  # said already
+            return exc
         if isinstance(exc, hx.HFValidationError):  # a repository id the Hub cannot have
             return StoreError(f"{uri}: {exc}", uri)
         if isinstance(exc, hx.RevisionNotFoundError):
@@ -120,6 +122,10 @@ class HFStore(ObjectStore):
             if status == 429 or status >= 500:
                 return TransientStoreError(f"{uri}: HTTP {status}", uri)
             return StoreError(f"{uri}: {exc}", uri)
+        if is_disk_error(exc):  # writing the file here: passed as it is, as the other stores do
+            return exc
+        if xet := self._xet_error(exc, uri):
+            return xet
         if refused := tls_error(exc, uri, self.endpoint or HUB):
             return refused
         if unknown := unknown_host(exc, self.endpoint or HUB):
@@ -195,6 +201,19 @@ class HFStore(ObjectStore):
             raise NotFoundError(f"{self.uri(key)} does not exist", self.uri(key))
         return info
 
+    def _xet_error(self, exc: Exception, uri: str) -> StoreError | None:
+        """The error of ``hf_xet``'s own kinds, where ``exc`` is one: the Xet token refused, or
+        the file gone from Xet storage (its ``ConnectionError`` and ``TimeoutError`` are the
+        network's, as any client's)."""
+        if type(exc).__module__ != "hf_xet":
+            return None
+        said = f"{uri}: Xet storage: {exc}"
+        if isinstance(exc, PermissionError):
+            return AccessDeniedError(f"{said}; {self._token_hint()}", uri)
+        if isinstance(exc, FileNotFoundError):
+            return NotFoundError(said, uri)
+        return None
+
     def _file_url(self, key: str) -> tuple[str, dict[str, str]]:
         """The URL of ``key`` at the pinned commit, and the headers of a request for it (the
         caller has looked it up: a missing file is NotFoundError before any request)."""
@@ -243,13 +262,17 @@ class HFStore(ObjectStore):
                 else None
             )
             if xet is not None and xet.xet_file_data is not None:
-                xet_get(
-                    incomplete_path=target,
-                    xet_file_data=xet.xet_file_data,
-                    headers=headers,
-                    expected_size=info.size,
-                    displayed_filename=key,
-                )
+                try:
+                    xet_get(
+                        incomplete_path=target,
+                        xet_file_data=xet.xet_file_data,
+                        headers=headers,
+                        expected_size=info.size,
+                        displayed_filename=key,
+                    )
+                except RuntimeError as exc:  # hf_xet's transfer failed after its own retries
+                    uri = self.uri(key)
+                    raise TransientStoreError(f"{uri}: Xet storage: {exc}", uri) from exc
             else:
                 with open(target, "wb") as handle:
                     http_get(url, handle, headers=headers, expected_size=info.size)
