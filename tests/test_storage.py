@@ -769,17 +769,17 @@ def test_a_hub_file_in_lfs_is_listed_with_its_sha256_and_asked_where_it_is_kept(
     assert _file_requests(hf_server, repo) == (["HEAD", "GET"] if xet_readable else ["GET"])
 
 
-@pytest.mark.parametrize("damaged", [False, True])
-def test_a_hub_file_in_xet_storage_comes_through_hf_xet(
-    hf_server: servers.Olah, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damaged: bool
-) -> None:
-    """A file the Hub keeps in Xet storage comes through huggingface_hub's ``xet_get``, as
-    ``hf download`` fetches it, into the partial file, and is checked against the listing's
-    sha256. Stand-ins, as no Xet server can run here: the metadata is olah's own (asked by its
-    HEAD) with the Xet fields the Hub adds for such a file, and ``xet_get`` is a stand-in with
-    the installed huggingface_hub's signature that writes the file's content (or a damaged
-    copy), so a call the library would refuse fails here too. The spec's token goes with it:
-    Xet storage's reads are authorised by it."""
+def _in_xet(
+    hf_server: servers.Olah,
+    monkeypatch: pytest.MonkeyPatch,
+    weights: bytes,
+    transfer: Callable[..., None],
+) -> tuple[ObjectStore, Any, Any, str]:
+    """A repository whose ``model.safetensors`` the Hub keeps in Xet storage, opened with the
+    spec's token, and the stand-in for ``xet_get`` (which ``transfer`` does) that reads it.
+    Stand-ins, as no Xet server can run here: the metadata is olah's own (asked by its HEAD)
+    with the Xet fields the Hub adds for such a file, and ``xet_get`` has the installed
+    huggingface_hub's signature, so a call the library would refuse fails here too."""
     import huggingface_hub
     from huggingface_hub import file_download
     from huggingface_hub.utils import XetFileData
@@ -787,7 +787,6 @@ def test_a_hub_file_in_xet_storage_comes_through_hf_xet(
     if importlib.util.find_spec("hf_xet") is None:
         pytest.fail("hf_xet is missing: pip install 'hf_xet>=1.3'")
     repo = f"org/xet-{uuid.uuid4().hex[:6]}"
-    weights = os.urandom(100_000)
     commit = servers.hf_repo(hf_server.mirrors, repo, {}, lfs={"model.safetensors": weights})
     metadata = huggingface_hub.get_hf_file_metadata
     in_xet = XetFileData(file_hash="0" * 64, refresh_route=f"/api/models/{repo}/xet-read-token")
@@ -795,14 +794,28 @@ def test_a_hub_file_in_xet_storage_comes_through_hf_xet(
     def with_xet(*args: Any, **kwargs: Any) -> Any:
         return replace(metadata(*args, **kwargs), xet_file_data=in_xet)
 
-    def written(*, incomplete_path: Path, **_: Any) -> None:
-        Path(incomplete_path).write_bytes(b"x" * len(weights) if damaged else weights)
-
-    xet_get = mock.create_autospec(file_download.xet_get, side_effect=written)
+    xet_get = mock.create_autospec(file_download.xet_get, side_effect=transfer)
     monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", with_xet)
     monkeypatch.setattr(file_download, "xet_get", xet_get)
     environ = Environ({"HF_ENDPOINT": hf_server.endpoint})
     store = open_store(f"hf://{repo}@{commit}", environ, "hf_token_of_the_spec", "hf_access_token")
+    return store, xet_get, in_xet, repo
+
+
+@pytest.mark.parametrize("damaged", [False, True])
+def test_a_hub_file_in_xet_storage_comes_through_hf_xet(
+    hf_server: servers.Olah, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damaged: bool
+) -> None:
+    """A file the Hub keeps in Xet storage comes through huggingface_hub's ``xet_get``, as
+    ``hf download`` fetches it, into the partial file, and is checked against the listing's
+    sha256 (``xet_get`` a stand-in, :func:`_in_xet`, that writes the file's content or a
+    damaged copy). The spec's token goes with it: Xet storage's reads are authorised by it."""
+    weights = os.urandom(100_000)
+
+    def written(*, incomplete_path: Path, **_: Any) -> None:
+        Path(incomplete_path).write_bytes(b"x" * len(weights) if damaged else weights)
+
+    store, xet_get, in_xet, repo = _in_xet(hf_server, monkeypatch, weights, written)
     destination = tmp_path / "model.safetensors"
     if damaged:
         with pytest.raises(IntegrityError, match="does not match"):
@@ -816,6 +829,43 @@ def test_a_hub_file_in_xet_storage_comes_through_hf_xet(
     assert call["headers"]["authorization"] == "Bearer hf_token_of_the_spec"
     assert Path(call["incomplete_path"]).parent == tmp_path
     assert _file_requests(hf_server, repo, last="HEAD") == ["HEAD"]  # its bytes: from Xet
+
+
+@pytest.mark.parametrize(
+    ("raised", "typed", "said"),
+    [
+        ("XetAuthenticationError", AccessDeniedError, "check that the token in secret"),
+        ("XetObjectNotFoundError", NotFoundError, "Xet storage: gone"),
+        ("RuntimeError", TransientStoreError, "Xet storage: gone"),
+    ],
+)
+def test_a_hub_file_whose_xet_transfer_fails_says_why(
+    hf_server: servers.Olah,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    raised: str,
+    typed: type[Exception],
+    said: str,
+) -> None:
+    """hf_xet's own errors, raised from ``xet_get`` (a stand-in, :func:`_in_xet`, raising
+    hf_xet's real exception classes): its token refused is access denied, with the token's
+    hint (it was "cannot reach" the Hub, waited out as an outage); the file gone from Xet
+    storage is not found; a transfer that failed after hf_xet's own retries (a
+    ``RuntimeError`` from its Rust side) an outage, waited out, where it crashed the agent."""
+    import hf_xet
+
+    kind = getattr(hf_xet, raised, RuntimeError)
+
+    def fails(**_: Any) -> None:
+        raise kind("gone")
+
+    store, _, _, _ = _in_xet(hf_server, monkeypatch, os.urandom(1000), fails)
+    store.policy = RetryPolicy(attempts=1)
+    with pytest.raises(typed) as caught:
+        store.download("model.safetensors", tmp_path / "model.safetensors")
+    assert said in str(caught.value), caught.value
+    assert "cannot reach" not in str(caught.value)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_hub_file_in_lfs_that_does_not_match_its_sha256_is_refused(
