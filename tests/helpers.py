@@ -8,6 +8,7 @@ import contextlib
 import importlib
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -89,7 +90,16 @@ class Agent:
         timeout: float = 60,
         stdin: str | None = None,
         env: dict[str, str] | None = None,
+        file_size_limit: int | None = None,
     ) -> Result:
+        """``bt-agent ARGS``; with ``file_size_limit``, no file it writes may grow past that many
+        bytes (``RLIMIT_FSIZE``: a write beyond fails with ``EFBIG``, as one to a full disk
+        fails with ``ENOSPC``; Python ignores the kernel's ``SIGXFSZ``)."""
+
+        def limited() -> None:
+            if file_size_limit is not None:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+
         done = subprocess.run(
             [sys.executable, "-m", "bt_agent", *args],
             capture_output=True,
@@ -99,6 +109,7 @@ class Agent:
             input=stdin,
             cwd=self.root,
             check=False,
+            preexec_fn=limited,
         )
         return Result(done.returncode, done.stdout, done.stderr)
 

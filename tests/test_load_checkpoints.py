@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 import servers
 from fault_proxy import FaultProxy
 from helpers import Agent
@@ -188,6 +189,44 @@ def test_corrupted_file_is_refused_and_nothing_partial_is_left(agent: Agent) -> 
     base = loaded(agent)
     leftovers = list(base.rglob("*")) if base.exists() else []
     assert leftovers == [], "no partial checkpoint left in the load dir"
+
+
+@pytest.mark.parametrize("kind", ["file", "s3"])
+def test_a_disk_that_refuses_a_loaded_file_fails_the_deploy_naming_it(
+    agent: Agent, own_s3: servers.SeaweedFS, kind: str
+) -> None:
+    """A file of the checkpoint that this machine's disk refuses (the agent's file size limit
+    below its size: ``EFBIG``, as a full disk gives ``ENOSPC``) fails the deploy with the
+    disk's error and the path it was written to, nothing left in the load dir. From an object
+    store it crashed the agent (its node record left DEPLOYING); from a file store it was said
+    as the store's error, naming the stored file."""
+    env = own_s3.client_env() if kind == "s3" else {}
+    where = ["--store", "s3://store/bt"] if kind == "s3" else []
+    with (
+        open_store("s3://store/bt", Environ(env)) if kind == "s3" else FileStore(agent.store)
+    ) as store:
+        commit(
+            agent,
+            "p",
+            "job1234",
+            "checkpoint-1",
+            {"big": os.urandom(3_000_000)},
+            "2026-01-01T01:00Z",
+            store=store,
+        )
+    ran = agent.root / "ran"
+    job = load_job(
+        {"typ": "baseten_latest_checkpoint", "job_id": "job1234"}, command=f"touch {ran}"
+    )
+    result = agent(
+        "run", str(agent.spec(job)), *agent.context_args(), *where, env=env, file_size_limit=10**6
+    )
+    assert result.code == 3, result.text
+    said = "checkpoint-1 of job job1234 (project p, rank 0): [Errno 27] File too large: "
+    assert said in result.err and f"'{loaded(agent)}/" in result.err, result.err
+    assert "the agent failed" not in result.err and not ran.exists()
+    base = loaded(agent)
+    assert not (list(base.rglob("*")) if base.exists() else []), "nothing left in the load dir"
 
 
 def test_two_references_landing_on_one_path(agent: Agent) -> None:

@@ -170,7 +170,7 @@ class CheckpointLoader:
                 self.stopping,
                 self.outage.attempts(label),
             )
-        except StoreError as exc:
+        except (StoreError, OSError) as exc:  # OSError: the load dir's disk
             raise StagingError(f"checkpoints[{item.index}] {item.label}: {exc}") from exc
         m = item.manifest
         files = counted(len(m.files), "file")

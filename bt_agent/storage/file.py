@@ -26,6 +26,7 @@ from bt_agent.storage.base import (
     U,
     Upload,
     Wanted,
+    is_disk_error,
     sha256_file,
 )
 from bt_agent.storage.keys import local_path
@@ -115,6 +116,8 @@ class FileStore(ObjectStore):
             shutil.copyfile(path, target)
             return Fetched(version=self._info(key, path).version)
         except OSError as exc:
+            if is_disk_error(exc):  # writing the copy: this machine's disk refused it
+                raise
             raise self._error(exc, key) from exc
 
     def _upload(self, path: Path, key: str) -> str:
