@@ -1696,6 +1696,21 @@ def test_google_s_token_service_out_of_reach_is_named() -> None:
     assert said in str(caught.value), caught.value
 
 
+def test_google_s_token_service_that_does_not_exist_is_a_clear_error_at_once(
+    unknown_name: str,
+) -> None:
+    """The token endpoint of a service account's key whose host the resolver says does not
+    exist (the key's ``token_uri`` mistyped, or a network without Google's public names) is an
+    error at once, naming the host: it was waited out as an outage of the token service."""
+    key = _service_account(f"https://{unknown_name}/token")
+    store = open_store("gs://bucket/p", Environ({}), json.dumps(key), "gcs_key")
+    store.policy = RetryPolicy(attempts=2, base_seconds=0.01, cap_seconds=0.01)
+    with store, pytest.raises(StoreError) as caught:
+        store.list()
+    assert not isinstance(caught.value, TransientStoreError), caught.value
+    assert f"the host {unknown_name} does not exist (" in str(caught.value), caught.value
+
+
 def _service_account(token_uri: str) -> dict[str, str]:
     """A service account's key as Google gives it, with a real RSA key (google-auth signs with
     it) and its ``token_uri``."""

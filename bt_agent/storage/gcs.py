@@ -25,6 +25,7 @@ from bt_agent.storage.tls import connection_cause, tls_error, unknown_host
 
 MiB = 1024 * 1024
 GCS_ENDPOINT = "https://storage.googleapis.com"
+TOKEN_URI = "https://oauth2.googleapis.com/token"  # where a key that names none gets its tokens
 CA_VARIABLE = "REQUESTS_CA_BUNDLE"  # the CAs requests trusts, where not its own (certifi's)
 
 
@@ -164,7 +165,8 @@ class GCSStore(ObjectStore):
             ("requests", "urllib3", "google.auth.exceptions")
         ):
             auth = type(exc).__module__.startswith("google.auth")  # a token asked for, not GCS
-            if not auth and (unknown := unknown_host(exc, self.endpoint)):
+            token_uri = (self.service_account or {}).get("token_uri", TOKEN_URI)
+            if unknown := unknown_host(exc, token_uri if auth else self.endpoint):
                 return StoreError(f"{uri}: {unknown}", uri)
             where = "Google's token service" if auth else self.endpoint
             why = connection_cause(exc)
