@@ -295,6 +295,42 @@ def trainer_job(agent: Agent, source: str, args: str = "", before: str = "") -> 
     }
 
 
+#: Loaded into the agent's interpreter (``sitecustomize``, by ``PYTHONPATH``): makes a function
+#: of the agent's (``FAIL_INSIDE``: ``module:Class.method``) raise an error no rule of the
+#: agent's reads, once ``FAIL_INSIDE_WHEN`` names a file that exists. It stands in for a bug,
+#: or a library's error the agent does not know (hf_xet's ``RuntimeError`` from Xet storage,
+#: which no server here serves): neither can be had on purpose.
+_FAIL_INSIDE = """
+import importlib
+import os
+from pathlib import Path
+
+_module, _, _name = os.environ["FAIL_INSIDE"].partition(":")
+_owner, _, _method = _name.rpartition(".")
+_class = getattr(importlib.import_module(_module), _owner)
+_when = Path(os.environ["FAIL_INSIDE_WHEN"])
+_real = getattr(_class, _method)
+
+
+def _failing(self, *args, **kwargs):
+    if _when.exists():
+        raise RuntimeError("Data processing error: CAS service error (token sk-live-123)")
+    return _real(self, *args, **kwargs)
+
+
+setattr(_class, _method, _failing)
+"""
+
+
+def failing_inside(agent: Agent, target: str, when: Path) -> dict[str, str]:
+    """The environment that has ``target`` (``module:Class.method``) of the agent raise a
+    ``RuntimeError`` once ``when`` exists (:data:`_FAIL_INSIDE`)."""
+    patch = agent.root / "fail-inside"
+    patch.mkdir(exist_ok=True)
+    (patch / "sitecustomize.py").write_text(_FAIL_INSIDE)
+    return {"PYTHONPATH": str(patch), "FAIL_INSIDE": target, "FAIL_INSIDE_WHEN": str(when)}
+
+
 def job_with(**runtime: Any) -> dict[str, Any]:
     """A minimal valid job with these runtime fields."""
     return {**MINIMAL_JOB, "runtime": runtime}

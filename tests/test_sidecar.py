@@ -24,7 +24,15 @@ from typing import Any, NamedTuple
 import pytest
 import servers
 from fault_proxy import FaultProxy
-from helpers import Agent, finish, marked_processes, needs_two_cpus, small_tmpfs, wait_for
+from helpers import (
+    Agent,
+    failing_inside,
+    finish,
+    marked_processes,
+    needs_two_cpus,
+    small_tmpfs,
+    wait_for,
+)
 from sidecar_checks import FAST, WRITER, assert_store_holds, ckpt_job, manifests
 
 from bt_agent.settings import Environ
@@ -291,6 +299,23 @@ def test_fifos_sockets_and_outside_symlinks_are_skipped_not_followed(agent: Agen
     assert "'checkpoint-1/pipe': it is a FIFO" in result.err
     assert "'checkpoint-1/sock': it is a socket" in result.err
     assert "outside the dir" in result.err
+
+
+def test_a_step_that_keeps_failing_is_said_once_with_its_traceback(agent: Agent) -> None:
+    """An error no rule reads in every step of the sidecar for two seconds
+    (:func:`helpers.failing_inside`: its report of progress raising each time) does not end
+    the uploads, and is said once with its traceback, then only at its 10th, 100th, ... time:
+    it was a line every step (ten a second), without the traceback a report needs."""
+    save = "mkdir $BT_CHECKPOINT_DIR/checkpoint-1 && echo w > $BT_CHECKPOINT_DIR/checkpoint-1/a"
+    saved = agent.root / "saved"
+    env = {**FAST, **failing_inside(agent, "bt_agent.sidecar.uploader:Sidecar._report", saved)}
+    command = f"{save} && touch {saved} && sleep 2 && rm {saved}"  # two seconds of failing steps
+    result = agent.run_job(ckpt_job(command), "--job-id", "oops001", env=env)
+    assert result.code == 0, result.text
+    said = [line for line in result.err.splitlines() if "checkpoint sidecar: RuntimeError" in line]
+    assert 1 <= len(said) <= 3 and "(10 times)" in said[1], said
+    assert said[0].endswith("its traceback, to report:") and "Traceback (most recent" in result.err
+    assert "checkpoint-1" in manifests(file_store(agent), "default", "oops001")
 
 
 def test_checkpointing_disabled_uploads_nothing_and_says_so(agent: Agent) -> None:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import BIN, Agent, finish, job_with, wait_for
+from helpers import BIN, Agent, failing_inside, finish, job_with, wait_for
 
 PY = sys.executable
 
@@ -276,49 +276,17 @@ def test_a_command_writes_far_more_than_a_default_pipe_before_the_agent_reads(
         child.process.communicate()
 
 
-#: Loaded into the agent's interpreter (``sitecustomize``, by ``PYTHONPATH``): makes one step of
-#: the agent raise an error no rule of the agent's reads, once ``FAIL_INSIDE_WHEN`` names a file
-#: that exists. It stands in for a bug, or a library's error the agent does not know (hf_xet's
-#: ``RuntimeError`` from Xet storage, which no server here serves): neither can be had on purpose.
-_FAIL_INSIDE = """
-import os
-from pathlib import Path
-
-from bt_agent.supervisor import job
-
-_STEP = os.environ["FAIL_INSIDE_STEP"]
-_WHEN = Path(os.environ["FAIL_INSIDE_WHEN"])
-_real = getattr(job.JobRunner, _STEP)
-
-
-def _failing(self, *args, **kwargs):
-    if _WHEN.exists():
-        raise RuntimeError("Data processing error: CAS service error (token sk-live-123)")
-    return _real(self, *args, **kwargs)
-
-
-setattr(job.JobRunner, _STEP, _failing)
-"""
-
-
-def _failing_inside(agent: Agent, step: str, when: Path) -> dict[str, str]:
-    patch = agent.root / "fail-inside"
-    patch.mkdir()
-    (patch / "sitecustomize.py").write_text(_FAIL_INSIDE)
-    return {"PYTHONPATH": str(patch), "FAIL_INSIDE_STEP": step, "FAIL_INSIDE_WHEN": str(when)}
-
-
 def test_an_error_of_the_agent_s_own_while_deploying_ends_the_job_deploy_failed(
     agent: Agent,
 ) -> None:
     """An error the agent has no rule for while it deploys (a library's error it does not
-    know, raised from a step of the agent's, as the module above says) fails the job as a deploy
-    does, exit 3, DEPLOY_FAILED with the error in the node record, its traceback in the log in
-    the store, no command run: not a crash that leaves the record DEPLOYING."""
+    know, raised from a step of the agent's: :func:`helpers.failing_inside`) fails the job as
+    a deploy does, exit 3, DEPLOY_FAILED with the error in the node record, its traceback in
+    the log in the store, no command run: not a crash that leaves the record DEPLOYING."""
     ran = agent.root / "ran"
     agent.secret("token", "sk-live-123")
     job = job_with(start_commands=[f"touch {ran}"], environment_variables={"T": {"name": "token"}})
-    env = _failing_inside(agent, "_copy_code", agent.root)
+    env = failing_inside(agent, "bt_agent.supervisor.job:JobRunner._copy_code", agent.root)
     result = agent.run_job(job, env=env)
     assert result.code == 3, result.text
     node = _node(agent)
@@ -346,7 +314,7 @@ def test_an_error_of_the_agent_s_own_while_running_ends_the_commands_and_keeps_c
         checkpointing_config={"enabled": True},
     )
     env = {
-        **_failing_inside(agent, "_enforce_deadline", signals),
+        **failing_inside(agent, "bt_agent.supervisor.job:JobRunner._enforce_deadline", signals),
         "BT_CHECKPOINT_QUIET_SECONDS": "0.1",
     }
     started = time.monotonic()

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import math
 import queue
 import random
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -186,6 +188,7 @@ class Sidecar:
         self._drain_began = 0.0
         self._said_left = False
         self._warned: set[str] = set()
+        self._surprises: dict[str, int] = {}  # each error of a step no rule reads: how often
         self._earlier: set[str] = set()
         self._last_report = time.monotonic()
         self._last_backlog = 0.0
@@ -398,11 +401,23 @@ class Sidecar:
                 self.placement.step(now)
                 self._step(now)
             except Exception as exc:  # never let one surprise end the uploads
-                self.log.error(f"checkpoint sidecar: {type(exc).__name__}: {exc}")
+                self._surprised(exc)
             time.sleep(MIN_STEP)
             self._wake.wait(TICK)
             self._wake.clear()
         self._answers.put(self._what_is_lost())
+
+    def _surprised(self, exc: Exception) -> None:
+        """An error of a coordinator's step that no rule reads (the next step goes on): said
+        with its traceback the first time, for a report; the same one again only at its 10th,
+        100th, ... time, counted, so that a step that keeps failing does not fill the log."""
+        said = f"{type(exc).__name__}: {exc}"
+        count = self._surprises[said] = self._surprises.get(said, 0) + 1
+        if count == 1:
+            trace = "".join(traceback.format_exception(exc)).rstrip()
+            self.log.error(f"checkpoint sidecar: {said}; its traceback, to report:\n{trace}")
+        elif math.log10(count).is_integer():
+            self.log.error(f"checkpoint sidecar: {said} ({count} times)")
 
     def _step(self, now: float) -> None:
         draining = self._draining  # only a step begun draining has taken the drain's rescan
