@@ -318,6 +318,21 @@ def test_a_step_that_keeps_failing_is_said_once_with_its_traceback(agent: Agent)
     assert "checkpoint-1" in manifests(file_store(agent), "default", "oops001")
 
 
+def test_uploads_go_on_where_keeping_off_the_job_s_cpus_keeps_failing(agent: Agent) -> None:
+    """An error no rule reads in every step of the sidecar's placement on the CPUs (keeping
+    off the job's busy ones, :func:`helpers.failing_inside`) leaves its uploads and commits
+    going: it skipped them (each step's placement came first), so nothing was uploaded and
+    the job's end waited for the drain's deadline."""
+    save = "mkdir $BT_CHECKPOINT_DIR/checkpoint-1 && echo w > $BT_CHECKPOINT_DIR/checkpoint-1/a"
+    env = {**FAST, **failing_inside(agent, "bt_agent.sidecar.cpus:Placement.step", agent.root)}
+    env["BT_UPLOAD_DRAIN_SECONDS"] = "30"
+    started = time.monotonic()
+    result = agent.run_job(ckpt_job(save), "--job-id", "cpus001", env=env)
+    assert result.code == 0, result.text
+    assert time.monotonic() - started < 15
+    assert "checkpoint-1" in manifests(file_store(agent), "default", "cpus001")
+
+
 def test_checkpointing_disabled_uploads_nothing_and_says_so(agent: Agent) -> None:
     job = ckpt_job("echo x > $BT_CHECKPOINT_DIR/a.bin", checkpointing_config={"enabled": False})
     result = agent.run_job(job, "--job-id", "off0001")

@@ -396,12 +396,12 @@ class Sidecar:
         lower_priority(self.settings.nice)
         share_priority(self.catalog.store.engine_threads())
         while not self._stop.is_set():
-            try:
-                now = time.monotonic()
-                self.placement.step(now)
-                self._step(now)
-            except Exception as exc:  # never let one surprise end the uploads
-                self._surprised(exc)
+            now = time.monotonic()
+            for step in (self.placement.step, self._step):  # where it runs, then what it does
+                try:
+                    step(now)
+                except Exception as exc:  # never let one surprise end the uploads
+                    self._surprised(exc)
             time.sleep(MIN_STEP)
             self._wake.wait(TICK)
             self._wake.clear()
