@@ -333,6 +333,26 @@ def test_uploads_go_on_where_keeping_off_the_job_s_cpus_keeps_failing(agent: Age
     assert "checkpoint-1" in manifests(file_store(agent), "default", "cpus001")
 
 
+def test_an_upload_that_fails_with_an_error_no_rule_reads_is_retried(agent: Agent) -> None:
+    """Uploads that fail with an error no rule reads (the store's upload raising a
+    ``RuntimeError`` for a second, :func:`helpers.failing_inside`) are retried as any failed
+    upload is, and the checkpoint committed: each ended its worker thread, and the file, never
+    said done, was left out of the drain (exit 4, not durable, after the drain's deadline)."""
+    ckpt = "$BT_CHECKPOINT_DIR/checkpoint-1"
+    save = f"mkdir {ckpt} && head -c 20000000 /dev/zero > {ckpt}/a"  # past the batches' size
+    failing = agent.root / "failing"
+    env = {
+        **FAST,
+        **failing_inside(agent, "bt_agent.storage.base:ObjectStore.upload_file", failing),
+    }
+    env["BT_UPLOAD_DRAIN_SECONDS"] = "20"
+    command = f"touch {failing} && {save} && sleep 1 && rm {failing}"
+    result = agent.run_job(ckpt_job(command), "--job-id", "oops002", env=env)
+    assert result.code == 0, result.text
+    assert "upload of checkpoint-1/a failed (attempt 1), retrying: RuntimeError: " in result.err
+    assert "checkpoint-1" in manifests(file_store(agent), "default", "oops002")
+
+
 def test_checkpointing_disabled_uploads_nothing_and_says_so(agent: Agent) -> None:
     job = ckpt_job("echo x > $BT_CHECKPOINT_DIR/a.bin", checkpointing_config={"enabled": False})
     result = agent.run_job(job, "--job-id", "off0001")

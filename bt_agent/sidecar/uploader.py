@@ -744,7 +744,11 @@ class Sidecar:
             self.leftovers.wait()  # an earlier agent's, before this one's own
             if self._stop.is_set():  # the drain has ended: an upload begun now is abandoned
                 return
-            self._done.put(self._copy(file) if isinstance(file, _Copy) else self._upload(file))
+            try:
+                done = self._copy(file) if isinstance(file, _Copy) else self._upload(file)
+            except Exception as exc:  # an error no rule reads: retried as any failure is
+                done = _Done(file, error=RuntimeError(f"{type(exc).__name__}: {exc}"))
+            self._done.put(done)
             self._wake.set()
 
     def _upload(self, file: Candidate) -> _Done:
