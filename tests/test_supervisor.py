@@ -330,3 +330,22 @@ def test_an_error_of_the_agent_s_own_while_running_ends_the_commands_and_keeps_c
     assert [c["checkpoint"] for c in json.loads(listed.out)] == ["checkpoint-1"], listed.text
     log = agent("jobs", "logs", agent.only_job_id(), "--store", str(agent.store)).out
     assert "Traceback (most recent call last)" in log, log
+
+
+def test_a_record_write_that_fails_with_an_error_no_rule_reads_is_tried_again(
+    agent: Agent,
+) -> None:
+    """The node record's writes failing with an error no rule reads for a second (the
+    catalogue's write raising a ``RuntimeError``, :func:`helpers.failing_inside`) are tried
+    again as the store's errors are, and the terminal record written: it ended the writer's
+    thread, and the job's end waited ``BT_STORE_OUTAGE_SECONDS`` for records never written."""
+    failing = agent.root / "failing"
+    env = failing_inside(agent, "bt_agent.catalog:Catalog.write_node", failing)
+    env["BT_STORE_OUTAGE_SECONDS"] = "30"
+    failing.touch()  # from the first record on
+    started = time.monotonic()
+    result = agent.run_job(job_with(start_commands=[f"sleep 1 && rm {failing}"]), env=env)
+    assert result.code == 0, result.text
+    assert time.monotonic() - started < 15
+    assert "cannot save the node record and log to the store (RuntimeError: " in result.err
+    assert _node(agent)["status"] == "TRAINING_JOB_COMPLETED"

@@ -116,14 +116,19 @@ class StoreReporter:
                 self._ship_log()
             if record is not None:
                 self._write_record(record)
-        except (BtAgentError, OSError) as exc:
+        except Exception as exc:  # the store's errors, and any no rule reads: tried again
+            said = (
+                str(exc)
+                if isinstance(exc, BtAgentError | OSError)
+                else f"{type(exc).__name__}: {exc}"
+            )
             with self._changed:
                 if record is not None and self._pending is None:
                     self._pending = record  # a newer one, if published meanwhile, wins
             if not self._failing:
                 self._failing = True
                 self._log.warning(
-                    f"cannot save the node record and log to the store ({exc}); "
+                    f"cannot save the node record and log to the store ({said}); "
                     f"trying again every {self._interval:g} s"
                 )
             return
