@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
-from typing import IO, TextIO
+from pathlib import Path
+from typing import TextIO
 
 Redact = Callable[[str], str]
 
@@ -21,7 +23,7 @@ class AgentLog:
     def __init__(self, stream: TextIO | None = None, redact: Redact = lambda text: text) -> None:
         self.stream = stream or sys.stderr
         self.redact = redact
-        self.copy: IO[str] | None = None
+        self.copy: NodeLog | None = None
         self._lock = threading.Lock()
 
     def _emit(self, level: str, message: str) -> None:
@@ -30,7 +32,6 @@ class AgentLog:
             write_through(self.stream, line)
             if self.copy is not None:
                 self.copy.write(line)
-                self.copy.flush()
 
     def info(self, message: str) -> None:
         self._emit("", message)
@@ -40,6 +41,44 @@ class AgentLog:
 
     def error(self, message: str) -> None:
         self._emit("error: ", message)
+
+
+class NodeLog:
+    """The node's log on disk, a temporary file the store gets copies of: the agent's messages
+    and the commands' output, each written through as it comes. Where the disk refuses a write
+    (full, over a quota or the file size limit), the log ends there, said once on ``stream``,
+    and nothing else fails: the commands' output still reaches the agent's stdout and stderr
+    (a reader of their pipes that stopped would stop them), the job goes on, and what the file
+    holds is still saved."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        fd, name = tempfile.mkstemp(prefix="bt-agent-", suffix=".log")
+        self.path = Path(name)
+        self._fd = fd  # unbuffered: nothing left to write when a write is refused, or at close
+        self.refused: OSError | None = None
+
+    def __enter__(self) -> NodeLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self._fd)
+        self.path.unlink(missing_ok=True)
+
+    def write(self, text: str) -> None:
+        if self.refused is not None:
+            return
+        data = memoryview(text.encode("utf-8", "replace"))
+        try:
+            while data:
+                data = data[os.write(self._fd, data) :]
+        except OSError as exc:
+            self.refused = exc
+            write_through(
+                self.stream,
+                f"bt-agent: error: the node log cannot be written ({exc.strerror or exc}): it "
+                "ends here; the commands' output goes on to stdout and stderr only\n",
+            )
 
 
 def write_through(stream: TextIO, text: str) -> None:

@@ -349,3 +349,22 @@ def test_a_record_write_that_fails_with_an_error_no_rule_reads_is_tried_again(
     assert time.monotonic() - started < 15
     assert "cannot save the node record and log to the store (RuntimeError: " in result.err
     assert _node(agent)["status"] == "TRAINING_JOB_COMPLETED"
+
+
+def test_a_node_log_the_disk_refuses_leaves_the_job_and_its_output_going(agent: Agent) -> None:
+    """The node log's file refused by the disk mid-job (the agent's file size limit,
+    ``RLIMIT_FSIZE``: ``EFBIG``, as a full disk gives ``ENOSPC``): said once, and the job goes
+    on, every line of its output on stdout, its end recorded, what the log holds saved. The
+    reader of the command's output died at the first refused write, so the command was killed
+    by SIGPIPE at its next print (the job FAILED), and the agent crashed at its last message."""
+    lines = 40_000  # 2.9 MB of output, past the limit and a pipe's capacity
+    printer = f"for i in range({lines}): print('line %06d ' % i + 'x' * 60)"
+    job = job_with(start_commands=[f'{PY} -c "{printer}"'])
+    result = agent("run", str(agent.spec(job)), *agent.context_args(), file_size_limit=200_000)
+    assert result.code == 0, result.err[-2000:]
+    assert len(result.out.splitlines()) == lines
+    said = "the node log cannot be written (File too large): it ends here"
+    assert result.err.count(said) == 1, result.err[-2000:]
+    assert _node(agent)["status"] == "TRAINING_JOB_COMPLETED"
+    log = agent("jobs", "logs", agent.only_job_id(), "--store", str(agent.store)).out
+    assert log.startswith("bt-agent: job ") and "line 000000 " in log

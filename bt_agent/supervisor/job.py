@@ -14,13 +14,12 @@ import re
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TextIO
+from typing import TextIO
 
 from bt_agent.catalog import Catalog
 from bt_agent.errors import (
@@ -31,7 +30,7 @@ from bt_agent.errors import (
     StoreUnusableError,
     TransientStoreError,
 )
-from bt_agent.log import AgentLog, counted, format_bytes
+from bt_agent.log import AgentLog, NodeLog, counted, format_bytes
 from bt_agent.records import CommandResult, JobRecord, JobStatus, NodeRecord, now_iso
 from bt_agent.settings import DEFAULT_OUTAGE_SECONDS, STORE_OUTAGE_VARIABLE
 from bt_agent.spec.checks import shell_drops
@@ -106,7 +105,7 @@ class JobRunner:
             self.log.warning("cannot become a child subreaper: orphans will not be reaped here")
         with (
             self.relay,
-            tempfile.NamedTemporaryFile("w+", prefix="bt-agent-", suffix=".log") as log_file,
+            NodeLog(self.log.stream) as log_file,
         ):
             self.log.copy = log_file
             self._say_what_runs()  # before the store is asked anything: it may be far or down
@@ -133,9 +132,9 @@ class JobRunner:
         except StoreError as exc:
             raise StoreUnusableError(f"{exc}; the job did not start (no command ran)") from exc
 
-    def _run_claimed(self, log_file: IO[str]) -> int:
+    def _run_claimed(self, log_file: NodeLog) -> int:
         with StoreReporter(
-            self.catalog.write_node, Path(log_file.name), self._upload_log, self.log
+            self.catalog.write_node, log_file.path, self._upload_log, self.log
         ) as self._reporter:
             self.relay.forward = self._forward
             try:
@@ -152,7 +151,7 @@ class JobRunner:
         self._checkpoints.tidy(self._records_deadline(time.monotonic() + TIDY_SECONDS))
         return outcome.exit_code
 
-    def _phases(self, log_file: IO[str]) -> Outcome:
+    def _phases(self, log_file: NodeLog) -> Outcome:
         ctx, job = self.plan.context, self.plan.spec.job
         record = JobRecord(
             ctx.job_id,
@@ -347,7 +346,7 @@ class JobRunner:
 
     # --- RUNNING ---------------------------------------------------------------------------
 
-    def _run_commands(self, log_file: IO[str]) -> Outcome:
+    def _run_commands(self, log_file: NodeLog) -> Outcome:
         commands = self.plan.spec.job.runtime.start_commands
         if not commands:
             self.log.warning("runtime.start_commands is empty: nothing to run")
@@ -365,7 +364,7 @@ class JobRunner:
                 return Outcome(JobStatus.FAILED, status, what)
         return Outcome(JobStatus.COMPLETED, 0)
 
-    def _run_one(self, index: int, command: str, log_file: IO[str]) -> int:
+    def _run_one(self, index: int, command: str, log_file: NodeLog) -> int:
         self.relay.deliver()  # what came before has gone to whom it could reach
         stopped_before = self.relay.stop_signal  # what comes after goes to the command
         try:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import codecs
 import threading
-from typing import IO, BinaryIO, TextIO
+from typing import BinaryIO, TextIO
 
-from bt_agent.log import write_through
+from bt_agent.log import NodeLog, write_through
 from bt_agent.secrets import Redactor
 
 MAX_LINE = 64 * 1024
@@ -19,7 +19,7 @@ MAX_LINE = 64 * 1024
 class OutputPump:
     """One thread per child stream; each line is redacted, written through and logged."""
 
-    def __init__(self, log_file: IO[str], redact: Redactor) -> None:
+    def __init__(self, log_file: NodeLog, redact: Redactor) -> None:
         self.log_file = log_file
         self.redact = redact
         self._lock = threading.Lock()
@@ -57,7 +57,6 @@ class OutputPump:
         with self._lock:
             write_through(sink, text)
             self.log_file.write(text)
-            self.log_file.flush()
 
     def join(self, timeout: float) -> None:
         """Wait for the streams to close (a leftover grandchild may hold them open)."""
