@@ -71,6 +71,22 @@ def _seed_s3(server: servers.SeaweedFS, files: dict[str, bytes]) -> str:
 _KEYS = {"AWS_ACCESS_KEY_ID": servers.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": servers.SECRET_KEY}
 
 
+def _seeded(
+    source: str, files: dict[str, bytes], s3_server: servers.SeaweedFS, hf_server: servers.Olah
+) -> dict[str, object]:
+    """A weights source (``hf`` or ``s3``, read with the secret :func:`_env` gives) holding
+    ``files``, mounted at ``/m``."""
+    if source == "hf":
+        repo = f"org/seeded-{uuid.uuid4().hex[:6]}"
+        servers.hf_repo(hf_server.mirrors, repo, files)
+        return {"source": f"hf://{repo}@main", "mount_location": "/m"}
+    return {
+        "source": _seed_s3(s3_server, files),
+        "mount_location": "/m",
+        "auth_secret_name": "s3_creds",
+    }
+
+
 def _job(weights: list[dict[str, object]], command: str) -> dict[str, object]:
     return {
         "image": {"base_image": "x"},
@@ -158,16 +174,7 @@ def test_empty_files_are_staged(
     """An empty file (a package's ``__init__.py``, an empty ``added_tokens.json``) is staged
     like any other, from a store with a batch path for small files (s3) and one without (hf)."""
     files = {"__init__.py": b"", "config.json": b"{}\n"}
-    if source == "hf":
-        repo = f"org/empty-{uuid.uuid4().hex[:6]}"
-        servers.hf_repo(hf_server.mirrors, repo, files)
-        weights: dict[str, object] = {"source": f"hf://{repo}@main", "mount_location": "/m"}
-    else:
-        weights = {
-            "source": _seed_s3(s3_server, files),
-            "mount_location": "/m",
-            "auth_secret_name": "s3_creds",
-        }
+    weights = _seeded(source, files, s3_server, hf_server)
     mount = agent.node_root / "m"
     result = agent.run_job(
         _job([weights], f"wc -c < {mount}/__init__.py && cat {mount}/config.json"),
@@ -186,17 +193,7 @@ def test_a_disk_that_refuses_the_file_fails_staging_at_once(
     ``ENOSPC``) fails staging at once, naming the disk's error: it is no outage of the source
     to wait out (the Hub's client raised it through its download, and it was said as the Hub
     out of reach, retried for ``BT_STORE_OUTAGE_SECONDS``)."""
-    files = {"weights.bin": os.urandom(3_000_000)}
-    if source == "hf":
-        repo = f"org/big-{uuid.uuid4().hex[:6]}"
-        servers.hf_repo(hf_server.mirrors, repo, files)
-        weights: dict[str, object] = {"source": f"hf://{repo}@main", "mount_location": "/m"}
-    else:
-        weights = {
-            "source": _seed_s3(s3_server, files),
-            "mount_location": "/m",
-            "auth_secret_name": "s3_creds",
-        }
+    weights = _seeded(source, {"weights.bin": os.urandom(3_000_000)}, s3_server, hf_server)
     spec = agent.spec(_job([weights], "true"))
     env = {**_env(agent, s3_server, hf_server), "BT_STORE_OUTAGE_SECONDS": "300"}
     started = time.monotonic()
