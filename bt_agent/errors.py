@@ -33,6 +33,15 @@ class BtAgentError(Exception):
     exit_code: int = 1
 
 
+def described(exc: BaseException) -> str:
+    """``exc`` in words: its own where it is one of the agent's errors or the system's (they
+    say what failed), else with its type before them (``RuntimeError: ...``): an error no rule
+    of the agent's reads, whose words alone may not say what it is."""
+    if isinstance(exc, BtAgentError | OSError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
 class UsageError(BtAgentError):
     """Invalid command-line arguments or node context."""
 

@@ -10,6 +10,7 @@ import os
 import sys
 import tempfile
 import threading
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
@@ -41,6 +42,12 @@ class AgentLog:
 
     def error(self, message: str) -> None:
         self._emit("error: ", message)
+
+    def unexpected(self, message: str, exc: BaseException) -> None:
+        """``message`` about ``exc``, an error no rule of the agent's reads, with its traceback
+        (for a report: it is a bug of the agent's, or a library's error it does not know)."""
+        trace = "".join(traceback.format_exception(exc)).rstrip()
+        self._emit("error: ", f"{message}; its traceback, to report:\n{trace}")
 
 
 class NodeLog:

@@ -301,15 +301,20 @@ def test_fifos_sockets_and_outside_symlinks_are_skipped_not_followed(agent: Agen
     assert "outside the dir" in result.err
 
 
+#: A trainer's save of one small checkpoint.
+SAVE_ONE = "mkdir $BT_CHECKPOINT_DIR/checkpoint-1 && echo w > $BT_CHECKPOINT_DIR/checkpoint-1/a"
+
+
 def test_a_step_that_keeps_failing_is_said_once_with_its_traceback(agent: Agent) -> None:
     """An error no rule reads in every step of the sidecar for two seconds
     (:func:`helpers.failing_inside`: its report of progress raising each time) does not end
     the uploads, and is said once with its traceback, then only at its 10th, 100th, ... time:
     it was a line every step (ten a second), without the traceback a report needs."""
-    save = "mkdir $BT_CHECKPOINT_DIR/checkpoint-1 && echo w > $BT_CHECKPOINT_DIR/checkpoint-1/a"
     saved = agent.root / "saved"
     env = {**FAST, **failing_inside(agent, "bt_agent.sidecar.uploader:Sidecar._report", saved)}
-    command = f"{save} && touch {saved} && sleep 2 && rm {saved}"  # two seconds of failing steps
+    command = (
+        f"{SAVE_ONE} && touch {saved} && sleep 2 && rm {saved}"  # two seconds of failing steps
+    )
     result = agent.run_job(ckpt_job(command), "--job-id", "oops001", env=env)
     assert result.code == 0, result.text
     said = [line for line in result.err.splitlines() if "checkpoint sidecar: RuntimeError" in line]
@@ -323,11 +328,10 @@ def test_uploads_go_on_where_keeping_off_the_job_s_cpus_keeps_failing(agent: Age
     off the job's busy ones, :func:`helpers.failing_inside`) leaves its uploads and commits
     going: it skipped them (each step's placement came first), so nothing was uploaded and
     the job's end waited for the drain's deadline."""
-    save = "mkdir $BT_CHECKPOINT_DIR/checkpoint-1 && echo w > $BT_CHECKPOINT_DIR/checkpoint-1/a"
     env = {**FAST, **failing_inside(agent, "bt_agent.sidecar.cpus:Placement.step", agent.root)}
     env["BT_UPLOAD_DRAIN_SECONDS"] = "30"
     started = time.monotonic()
-    result = agent.run_job(ckpt_job(save), "--job-id", "cpus001", env=env)
+    result = agent.run_job(ckpt_job(SAVE_ONE), "--job-id", "cpus001", env=env)
     assert result.code == 0, result.text
     assert time.monotonic() - started < 15
     assert "checkpoint-1" in manifests(file_store(agent), "default", "cpus001")

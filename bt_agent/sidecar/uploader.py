@@ -29,12 +29,11 @@ import queue
 import random
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from bt_agent.catalog import Catalog, checkpoint_file_key
-from bt_agent.errors import BtAgentError, KeyRefusedError, NotFoundError
+from bt_agent.errors import BtAgentError, KeyRefusedError, NotFoundError, described
 from bt_agent.log import AgentLog, counted, format_bytes, shown
 from bt_agent.settings import (
     CHECKPOINT_QUIET_VARIABLE,
@@ -411,11 +410,10 @@ class Sidecar:
         """An error of a coordinator's step that no rule reads (the next step goes on): said
         with its traceback the first time, for a report; the same one again only at its 10th,
         100th, ... time, counted, so that a step that keeps failing does not fill the log."""
-        said = f"{type(exc).__name__}: {exc}"
+        said = described(exc)
         count = self._surprises[said] = self._surprises.get(said, 0) + 1
         if count == 1:
-            trace = "".join(traceback.format_exception(exc)).rstrip()
-            self.log.error(f"checkpoint sidecar: {said}; its traceback, to report:\n{trace}")
+            self.log.unexpected(f"checkpoint sidecar: {said}", exc)
         elif math.log10(count).is_integer():
             self.log.error(f"checkpoint sidecar: {said} ({count} times)")
 
@@ -747,7 +745,7 @@ class Sidecar:
             try:
                 done = self._copy(file) if isinstance(file, _Copy) else self._upload(file)
             except Exception as exc:  # an error no rule reads: retried as any failure is
-                done = _Done(file, error=RuntimeError(f"{type(exc).__name__}: {exc}"))
+                done = _Done(file, error=RuntimeError(described(exc)))
             self._done.put(done)
             self._wake.set()
 
@@ -800,9 +798,7 @@ class Sidecar:
             store.upload_stream(self._stream_in.get, self._streamed)
         except Exception as exc:  # files keep going, one per thread
             self._stream_limit = 0
-            self.log.error(
-                f"checkpoint sidecar: upload stream stopped: {type(exc).__name__}: {exc}"
-            )
+            self.log.error(f"checkpoint sidecar: upload stream stopped: {described(exc)}")
             while True:
                 try:
                     handed = self._stream_in.get_nowait()

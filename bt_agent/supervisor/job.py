@@ -16,7 +16,6 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
@@ -29,6 +28,7 @@ from bt_agent.errors import (
     StoreError,
     StoreUnusableError,
     TransientStoreError,
+    described,
 )
 from bt_agent.log import AgentLog, NodeLog, counted, format_bytes
 from bt_agent.records import CommandResult, JobRecord, JobStatus, NodeRecord, now_iso
@@ -185,11 +185,11 @@ class JobRunner:
         gives it; then the job ends as any failure does, its leftover processes ended, its
         checkpoint files drained, its terminal state recorded. Never a crash that leaves the
         node record DEPLOYING or RUNNING and the uploads undone."""
-        said = self.log.redact(f"{type(exc).__name__}: {exc}")
-        trace = "".join(traceback.format_exception(exc)).rstrip()
-        self.log.error(
+        said = self.log.redact(described(exc))
+        self.log.unexpected(
             f"the agent failed with an error it has no rule for ({said}); the job ends as a "
-            f"failure does. Its traceback, to report:\n{trace}"
+            "failure does",
+            exc,
         )
         if self.node.status is not JobStatus.RUNNING:
             return Outcome(

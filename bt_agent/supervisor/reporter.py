@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bt_agent.errors import BtAgentError
+from bt_agent.errors import described
 from bt_agent.log import AgentLog
 from bt_agent.records import NodeRecord
 
@@ -117,11 +117,7 @@ class StoreReporter:
             if record is not None:
                 self._write_record(record)
         except Exception as exc:  # the store's errors, and any no rule reads: tried again
-            said = (
-                str(exc)
-                if isinstance(exc, BtAgentError | OSError)
-                else f"{type(exc).__name__}: {exc}"
-            )
+            said = described(exc)
             with self._changed:
                 if record is not None and self._pending is None:
                     self._pending = record  # a newer one, if published meanwhile, wins
